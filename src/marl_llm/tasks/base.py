@@ -100,10 +100,18 @@ def register_task(name: str):
     return deco
 
 
-def build_task(cfg: Any) -> Task:
-    # Importing the package registers every built-in task.
-    from marl_llm import tasks  # noqa: F401
+def import_submodules(package: str) -> None:
+    """Import every module of `package`, so their registration decorators run."""
+    import importlib
+    import pkgutil
 
+    pkg = importlib.import_module(package)
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"{package}.{mod.name}")
+
+
+def build_task(cfg: Any) -> Task:
+    import_submodules("marl_llm.tasks")
     if cfg.name not in TASKS:
         raise ValueError(f"unknown task.name={cfg.name!r}; registered tasks: {sorted(TASKS)}")
     return TASKS[cfg.name](cfg)

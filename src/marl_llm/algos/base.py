@@ -1,0 +1,84 @@
+"""The algorithm interface: collect → advantages → update. One module plus one YAML per algorithm.
+
+The trainer calls, once per step:
+    tree = algo.collect(problems)        # joint rollout (a tree when multi-turn) with team rewards
+    batches = algo.advantages(tree)      # one AgentBatch per agent: samples with advantages
+    stats = algo.update(batches)         # one optimizer step per trainable adapter
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from marl_llm.episodes import JointTree
+from marl_llm.models import AgentPolicies
+from marl_llm.rollout import Completion, HFRollout, SamplingParams
+from marl_llm.tasks.base import Problem, Task, import_submodules
+
+
+@dataclass
+class AgentBatch:
+    """One agent's training samples of a step.
+
+    completions[j] holds the exact prompt/completion ids; advantages: Tensor[n] (one per
+    completion); turns[j]: the turn the sample was taken at (for per-turn metrics).
+    """
+
+    agent: int
+    completions: list[Completion] = field(default_factory=list)
+    advantages: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    turns: list[int] = field(default_factory=list)
+
+
+class Algorithm(ABC):
+    def __init__(self, cfg: Any, task: Task, policies: AgentPolicies, rollout: HFRollout,
+                 micro_batch_size: int = 8):
+        self.cfg = cfg
+        # Completions per forward/backward pass (gradient accumulation above it).
+        self.micro_batch_size = micro_batch_size
+        self.task = task
+        self.policies = policies
+        self.rollout = rollout
+
+    def agent_sampling(self) -> list[SamplingParams]:
+        """Each agent's sampling settings: algo.sampling with algo.agent_sampling.<agent> on top."""
+        over = self.cfg.get("agent_sampling") or {}
+        return [SamplingParams.from_cfg(self.cfg.sampling, **dict(over.get(name, {})))
+                for name in self.task.agent_names]
+
+    @abstractmethod
+    def collect(self, problems: list[Problem]) -> JointTree:
+        """Roll out the agents on `problems` and score every joint action."""
+
+    @abstractmethod
+    def advantages(self, tree: JointTree) -> list[AgentBatch]:
+        """Per agent, its samples of the tree with their advantages."""
+
+    @abstractmethod
+    def update(self, batches: list[AgentBatch]) -> dict[str, float]:
+        """One update of every trainable adapter; returns metrics (TRL names, agent segments)."""
+
+
+ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
+
+
+def register_algorithm(name: str):
+    """Class decorator: make an Algorithm available as `algo=<name>` (conf/algo/<name>.yaml)."""
+
+    def deco(cls):
+        ALGORITHMS[name] = cls
+        return cls
+
+    return deco
+
+
+def build_algorithm(cfg: Any, task: Task, policies: AgentPolicies, rollout: HFRollout,
+                    micro_batch_size: int = 8) -> Algorithm:
+    import_submodules("marl_llm.algos")
+    if cfg.name not in ALGORITHMS:
+        raise ValueError(f"unknown algo.name={cfg.name!r}; registered: {sorted(ALGORITHMS)}")
+    return ALGORITHMS[cfg.name](cfg, task, policies, rollout, micro_batch_size)

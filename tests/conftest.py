@@ -1,0 +1,91 @@
+"""Shared fixtures: a tiny random-weight Llama (built from a config, seconds to run) that uses the
+embedded SmolLM2 tokenizer and chat template (pad == eos), and helpers to compose the real config."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+# Tests never touch the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def build_tiny_model(path: Path, seed: int = 0) -> Path:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from marl_llm.models import embedded_checkpoint
+
+    tok = AutoTokenizer.from_pretrained(embedded_checkpoint())
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_llama"))
+
+
+def compose_config(overrides: list[str]):
+    """The real config from conf/, as the CLI composes it (run_dir set explicitly)."""
+    from hydra import compose, initialize_config_dir
+
+    from marl_llm.cli import config_dir
+    from marl_llm.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir(), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def tiny_overrides(model_dir: Path, run_dir: Path, *extra: str) -> list[str]:
+    """A training config that runs in seconds on the tiny model."""
+    return [f"model=local", f"model.path={model_dir}", "logger=none", f"run_dir={run_dir}",
+            "algo.num_generations=2", "algo.sampling.max_new_tokens=6", "algo.lora.r=4",
+            "algo.lora.target_modules=[q_proj,v_proj]", "trainer.max_steps=1", "trainer.eval_max_problems=2",
+            "task.train_slice=[33,37]", *extra]
+
+
+def make_policies(model_dir: Path, agents=("aux", "main"), adapters: str = "per_agent", agent_bases=None,
+                  lr: float = 1e-2, seed: int = 0):
+    """AgentPolicies on the tiny model, with LoRA B matrices made non-zero so adapters matter."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from marl_llm.models import AgentPolicies
+
+    model_cfg = OmegaConf.create(dict(name="tiny", path=str(model_dir), embedded=False, hub_id=None, dtype="auto",
+                                      device="cpu", attn_implementation="sdpa", trust_remote_code=False,
+                                      agent_bases=agent_bases))
+    algo_cfg = OmegaConf.create(dict(adapters=adapters, learning_rate=lr, weight_decay=0.0,
+                                     lora=dict(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])))
+    policies = AgentPolicies(tuple(agents), model_cfg, algo_cfg, seed)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for key in policies.trainable_adapters():
+            for p in policies.adapter_parameters(*key):
+                if "lora_B" in [part for part in p_name_parts(policies, key, p)]:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return policies
+
+
+def p_name_parts(policies, key, param):
+    for name, p in policies.models[key[0]].named_parameters():
+        if p is param:
+            return name.split(".")
+    return []

@@ -1,0 +1,303 @@
+"""Advantage math: baselines, normalization, align/cross joint modes, rollout trees."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+try:
+    import marl_llm  # noqa: F401
+except ImportError:  # not installed (pip install -e .): use the source tree
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from marl_llm.algos.advantages import (
+    BASELINES,
+    group_advantages,
+    grouped_advantages,
+    per_agent_advantages,
+    per_agent_returns,
+    register_baseline,
+    tree_advantages,
+    tree_returns,
+)
+
+ALL = ["mean", "rloo", "max", "raw"]
+
+
+def t(x, dtype=torch.float64):
+    return torch.tensor(x, dtype=dtype)
+
+
+def close(a, b, tol=1e-9):
+    b = b if isinstance(b, torch.Tensor) else t(b)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    torch.testing.assert_close(a.to(torch.float64), b.to(torch.float64), atol=tol, rtol=0)
+
+
+# ---------------------------------------------------------------- baselines on one group
+
+R = [1.0, 2.0, 3.0, 6.0]  # mean 3, max 6
+
+
+@pytest.mark.parametrize(
+    "baseline, expected",
+    [
+        ("mean", [-2.0, -1.0, 0.0, 3.0]),
+        # leave-one-out means: 11/3, 10/3, 3, 2
+        ("rloo", [1 - 11 / 3, 2 - 10 / 3, 0.0, 4.0]),
+        ("max", [-5.0, -4.0, -3.0, 0.0]),
+        ("raw", [1.0, 2.0, 3.0, 6.0]),
+    ],
+)
+def test_baselines_hand_computed(baseline, expected):
+    close(group_advantages(t(R), baseline, normalize=False), expected)
+
+
+def test_registry_has_the_four_baselines():
+    assert set(ALL) <= set(BASELINES)
+    with pytest.raises(ValueError):
+        register_baseline("mean")(lambda v, g: v)
+
+
+@pytest.mark.parametrize("baseline", ALL)
+def test_normalized_hand_computed(baseline):
+    # centered [-2, -1, 0, 3]: population var = 14/4, unbiased var = 14/3
+    centered = [-2.0, -1.0, 0.0, 3.0]
+    pop = [x / math.sqrt(3.5) for x in centered]
+    unb = [x / math.sqrt(14 / 3) for x in centered]
+    close(group_advantages(t(R), baseline, normalize=True), pop)
+    close(group_advantages(t(R), baseline, normalize=True, unbiased_std=True), unb)
+
+
+def test_all_baselines_identical_after_normalization():
+    torch.manual_seed(0)
+    returns = torch.randn(5, 7, dtype=torch.float64) * 3 + 1
+    ref = group_advantages(returns, "mean", normalize=True)
+    for b in ALL:
+        close(group_advantages(returns, b, normalize=True), ref, tol=1e-12)
+        close(group_advantages(returns, b, normalize=True, unbiased_std=True), ref * math.sqrt(6 / 7), 1e-12)
+    # ... and they do differ without normalization
+    raw = {b: group_advantages(returns, b, normalize=False) for b in ALL}
+    for a, b in itertools.combinations(ALL, 2):
+        assert not torch.allclose(raw[a], raw[b]), (a, b)
+    # per group: zero mean, unit population std
+    close(ref.mean(-1), torch.zeros(5, dtype=torch.float64), 1e-12)
+    close(ref.std(-1, unbiased=False), torch.ones(5, dtype=torch.float64), 1e-12)
+
+
+def test_leading_dims_are_independent_groups_and_dtype_kept():
+    torch.manual_seed(1)
+    returns = torch.randn(2, 3, 4)
+    for b in ALL:
+        out = group_advantages(returns, b, normalize=False)
+        assert out.shape == (2, 3, 4) and out.dtype == torch.float32
+        for i, j in itertools.product(range(2), range(3)):
+            close(out[i, j], group_advantages(returns[i, j], b, normalize=False), 1e-6)
+
+
+def test_constant_group_normalizes_to_exact_zero():
+    # float32 round-off in the group mean would otherwise be divided by eps (-> ~0.03, not 0)
+    for value, G in [(0.1, 4), (0.3, 7), (0.7, 7), (-4.2, 5)]:
+        returns = torch.full((3, G), value)
+        for b in ALL:
+            assert torch.equal(group_advantages(returns, b, normalize=True), torch.zeros(3, G)), (value, G, b)
+
+
+def test_invalid_inputs():
+    with pytest.raises(ValueError):
+        group_advantages(t([1.0]), "rloo", normalize=False)  # rloo needs G >= 2
+    with pytest.raises(ValueError):
+        group_advantages(t(R), "nope", normalize=False)
+    group_advantages(t([1.0]), "mean", normalize=False)  # G = 1 fine for mean
+
+
+# ---------------------------------------------------------------- align
+
+def test_align_every_agent_gets_the_joint_advantage():
+    joint = t([1.0, 0.0, 0.0, 1.0])
+    out = per_agent_advantages(joint, num_agents=2, mode="align", baseline="mean", normalize=False)
+    close(out, [[0.5, -0.5, -0.5, 0.5]] * 2)
+    out = per_agent_advantages(joint, 3, "align", "max", normalize=False)
+    close(out, [[0.0, -1.0, -1.0, 0.0]] * 3)
+    out = per_agent_advantages(joint, 2, "align", "rloo", normalize=True)
+    close(out, [[1.0, -1.0, -1.0, 1.0]] * 2)  # centered ±0.5, population std 0.5
+
+
+def test_align_batched():
+    joint = t([[1.0, 0.0, 0.0, 1.0], [4.0, 2.0, 0.0, 2.0]])
+    out = per_agent_advantages(joint, 2, "align", "mean", normalize=False)
+    assert out.shape == (2, 2, 4)
+    close(out[0], [[0.5, -0.5, -0.5, 0.5]] * 2)
+    close(out[1], [[2.0, 0.0, -2.0, 0.0]] * 2)
+
+
+# ---------------------------------------------------------------- cross
+
+# R[a, b]: agent 0 picks row a, agent 1 column b.
+# marginals: agent 0: [mean(1, 0), mean(3, 2)] = [0.5, 2.5]; agent 1: [mean(1, 3), mean(0, 2)] = [2, 1]
+CROSS2 = [[1.0, 0.0], [3.0, 2.0]]
+
+
+@pytest.mark.parametrize(
+    "baseline, normalize, expected",
+    [
+        ("raw", False, [[0.5, 2.5], [2.0, 1.0]]),
+        ("mean", False, [[-1.0, 1.0], [0.5, -0.5]]),
+        ("rloo", False, [[-2.0, 2.0], [1.0, -1.0]]),
+        ("max", False, [[-2.0, 0.0], [0.0, -1.0]]),
+        ("mean", True, [[-1.0, 1.0], [1.0, -1.0]]),
+        ("max", True, [[-1.0, 1.0], [1.0, -1.0]]),
+    ],
+)
+def test_cross_two_agents_2x2(baseline, normalize, expected):
+    out = per_agent_advantages(t(CROSS2), 2, "cross", baseline, normalize)
+    close(out, expected)
+
+
+def test_cross_three_agents_hand_computed():
+    # R[a,b,c] = 4a + 2b + c + 8abc, G = 2. Marginals: agent0 6a + 1.5, agent1 4b + 2.5, agent2 3c + 3
+    g = torch.arange(2, dtype=torch.float64)
+    a, b, c = g[:, None, None], g[None, :, None], g[None, None, :]
+    joint = 4 * a + 2 * b + c + 8 * a * b * c
+    close(per_agent_returns(joint, 3, "cross"), [[1.5, 7.5], [2.5, 6.5], [3.0, 6.0]])
+    close(per_agent_advantages(joint, 3, "cross", "mean", False), [[-3.0, 3.0], [-2.0, 2.0], [-1.5, 1.5]])
+
+
+def test_cross_matches_brute_force_enumeration():
+    torch.manual_seed(2)
+    n_agents, G = 3, 3
+    joint = torch.randn([G] * n_agents, dtype=torch.float64)
+    expected = torch.zeros(n_agents, G, dtype=torch.float64)
+    for i in range(n_agents):
+        for k in range(G):
+            vals = [joint[idx] for idx in itertools.product(range(G), repeat=n_agents) if idx[i] == k]
+            assert len(vals) == G ** (n_agents - 1)
+            expected[i, k] = sum(vals) / len(vals)
+    close(per_agent_returns(joint, n_agents, "cross"), expected, 1e-12)
+    for bl in ALL:
+        close(
+            per_agent_advantages(joint, n_agents, "cross", bl, False),
+            group_advantages(expected, bl, False),
+            1e-12,
+        )
+    # batched: [B, G, G, G] -> [B, N, G]
+    batch = torch.stack([joint, 2 * joint + 1])
+    out = per_agent_advantages(batch, n_agents, "cross", "mean", False)
+    assert out.shape == (2, n_agents, G)
+    close(out[0], group_advantages(expected, "mean", False), 1e-12)
+    close(out[1], 2 * group_advantages(expected, "mean", False), 1e-12)
+
+
+def test_cross_single_agent_equals_align_and_bad_shapes():
+    r = t([3.0, 1.0, 2.0])
+    cross = per_agent_advantages(r, 1, "cross", "rloo", False)
+    close(cross, per_agent_advantages(r, 1, "align", "rloo", False))
+    close(cross, [[3.0 - 1.5, 1.0 - 2.5, 0.0]])
+    with pytest.raises(ValueError):
+        per_agent_advantages(torch.zeros(2, 2), 3, "cross", "mean", False)  # ndim neither 3 nor 4
+    with pytest.raises(ValueError):
+        per_agent_advantages(torch.zeros(2, 3), 2, "cross", "mean", False)  # unequal G
+    with pytest.raises(ValueError):
+        per_agent_advantages(torch.zeros(2, 3, 4), 2, "align", "mean", False)
+    with pytest.raises(ValueError):
+        per_agent_advantages(torch.zeros(2), 2, "bogus", "mean", False)
+
+
+# ---------------------------------------------------------------- trees
+
+def test_tree_two_turns_with_early_termination():
+    # one prompt, G = 2. Turn 0 rewards [1, 2]; node 0 expanded into 2 children with rewards [3, 5];
+    # node 1 terminated early (no children).
+    rewards = [t([1.0, 2.0]), t([3.0, 5.0])]
+    parents = [torch.tensor([0, 0]), torch.tensor([0, 0])]
+    R = tree_returns(rewards, parents, gamma=0.5)
+    close(R[0], [1.0 + 0.5 * 4.0, 2.0])  # [3, 2]
+    close(R[1], [3.0, 5.0])
+    A = tree_advantages(rewards, parents, gamma=0.5, baseline="mean", normalize=False)
+    close(A[0], [0.5, -0.5])
+    close(A[1], [-1.0, 1.0])
+    R1 = tree_returns(rewards, parents, gamma=1.0)
+    close(R1[0], [5.0, 2.0])
+
+
+THREE_TURN_REWARDS = [[0.0, 1.0, 2.0, 3.0], [1.0, 3.0, 4.0, 0.0, 2.0], [10.0, 2.0, 6.0]]
+# turn 0: 2 prompts x 2 samples; turn 1: node0 -> {0, 1}, node1 -> none, node2 -> {2}, node3 -> {3, 4}
+# turn 2: turn-1 node0 -> {0}, node4 -> {1, 2}
+THREE_TURN_PARENTS = [[0, 0, 1, 1], [0, 0, 2, 3, 3], [0, 4, 4]]
+
+
+@pytest.mark.parametrize(
+    "gamma, expected",
+    [
+        (0.5, [[2.25, 1.0, 4.0, 4.0], [6.0, 3.0, 4.0, 0.0, 4.0], [10.0, 2.0, 6.0]]),
+        (1.0, [[7.0, 1.0, 6.0, 6.0], [11.0, 3.0, 4.0, 0.0, 6.0], [10.0, 2.0, 6.0]]),
+    ],
+)
+def test_tree_three_turns(gamma, expected):
+    rewards = [t(r) for r in THREE_TURN_REWARDS]
+    parents = [torch.tensor(p) for p in THREE_TURN_PARENTS]
+    R = tree_returns(rewards, parents, gamma)
+    for got, want in zip(R, expected):
+        close(got, want)
+    A = tree_advantages(rewards, parents, gamma, "mean", normalize=False)
+    if gamma == 0.5:
+        close(A[0], [0.625, -0.625, 0.0, 0.0])
+        close(A[1], [1.5, -1.5, 0.0, -2.0, 2.0])  # singleton group {2} -> 0
+        close(A[2], [0.0, -2.0, 2.0])
+
+
+def test_tree_validation():
+    with pytest.raises(ValueError):
+        tree_returns([t([1.0])], [torch.tensor([0]), torch.tensor([0])], 1.0)
+    with pytest.raises(ValueError):  # parent index out of range
+        tree_returns([t([1.0, 2.0]), t([1.0])], [torch.tensor([0, 0]), torch.tensor([2])], 1.0)
+    with pytest.raises(TypeError):
+        tree_returns([t([1.0])], [t([0.0])], 1.0)
+
+
+# ---------------------------------------------------------------- variable groups
+
+VALUES = [1.0, 2.0, 3.0, 10.0, 4.0, 8.0]
+IDS = [0, 0, 0, 2, 5, 5]  # sizes 3, 1, 2; ids non-contiguous
+
+
+@pytest.mark.parametrize(
+    "baseline, expected",
+    [
+        ("mean", [-1.0, 0.0, 1.0, 0.0, -2.0, 2.0]),
+        ("rloo", [-1.5, 0.0, 1.5, 0.0, -4.0, 4.0]),  # size-1 group -> 0
+        ("max", [-2.0, -1.0, 0.0, 0.0, -4.0, 0.0]),
+        ("raw", VALUES),
+    ],
+)
+def test_grouped_variable_sizes(baseline, expected):
+    close(grouped_advantages(t(VALUES), torch.tensor(IDS), baseline, normalize=False), expected)
+    s = 1 / math.sqrt(2 / 3)
+    close(
+        grouped_advantages(t(VALUES), torch.tensor(IDS), baseline, normalize=True),
+        [-s, 0.0, s, 0.0, -1.0, 1.0],
+    )
+
+
+def test_grouped_matches_dense_under_permutation():
+    torch.manual_seed(3)
+    dense = torch.randn(4, 5, dtype=torch.float64)
+    ids = torch.arange(4).repeat_interleave(5)
+    perm = torch.randperm(20)
+    for b in ALL:
+        for norm in (False, True):
+            want = group_advantages(dense, b, norm).reshape(-1)[perm]
+            got = grouped_advantages(dense.reshape(-1)[perm], ids[perm], b, norm)
+            close(got, want, 1e-12)
+
+
+def test_grouped_validation():
+    with pytest.raises(ValueError):
+        grouped_advantages(t([1.0, 2.0]), torch.tensor([0]), "mean", False)
+    with pytest.raises(ValueError):
+        grouped_advantages(t([1.0, 2.0]), torch.tensor([0, -1]), "mean", False)

@@ -1,0 +1,97 @@
+"""The real config composes for every option of every group; bad keys and values fail clearly."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError
+
+from conftest import REPO, VENV_BIN, compose_config
+from marl_llm.cli import unknown_key_error
+from marl_llm.config import UserError, validate
+
+GROUPS = ["algo", "task", "model", "logger", "trainer", "experiment"]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
+def test_every_option_composes_and_validates(group, option):
+    overrides = [f"{group}={option}", "run_dir=/tmp/x"]
+    if (group, option) == ("model", "local"):
+        overrides.append("model.path=/some/dir")
+    cfg = compose_config(overrides)
+    OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    validate(cfg)
+    if group != "experiment":
+        assert cfg[group].get("name", option) is not None
+
+
+def test_defaults_are_the_documented_ones():
+    cfg = compose_config(["run_dir=/tmp/x"])
+    assert (cfg.algo.name, cfg.task.name, cfg.logger.name) == ("magrpo", "humaneval", "wandb")
+    assert cfg.model.embedded and cfg.model.name == "smollm2-135m-instruct"
+    assert list(cfg.task.train_slice) == [33, 163] and list(cfg.task.eval_slice) == [0, 32]
+    assert cfg.algo.num_turns == 2 and cfg.algo.loss_aggregation == "seq_sum" and cfg.algo.clip_eps is None
+
+
+def test_paper_preset_sets_the_paper_values():
+    cfg = compose_config(["experiment=magrpo_humaneval_paper", "run_dir=/tmp/x"])
+    assert cfg.model.hub_id == "Qwen/Qwen2.5-Coder-3B"
+    assert cfg.algo.early_termination == -0.2 and cfg.algo.sampling.max_new_tokens == 256
+
+
+@pytest.mark.parametrize("override", ["algo.lerning_rate=1e-4", "trainer.max_step=3", "model.paht=/x",
+                                      "task.sandbox.timeout=3"])
+def test_misspelled_key_fails_at_compose_time(override):
+    with pytest.raises((ConfigCompositionException, ConfigKeyError)):
+        compose_config([override, "run_dir=/tmp/x"])
+
+
+def test_cli_names_valid_keys_and_the_likely_fix():
+    msg = unknown_key_error(["algo.lerning_rate=1e-4"])
+    assert "algo.learning_rate" in msg and "num_generations" in msg
+    assert "algo.lora.r" in unknown_key_error(["algo.lora.rank=4"])
+    assert unknown_key_error(["algo.learning_rate=1e-4", "trainer.max_steps=2", "seed=3"]) is None
+
+
+@pytest.mark.parametrize("override,key", [
+    ("algo.num_generations=1", "algo.num_generations"),
+    ("algo.num_turns=0", "algo.num_turns"),
+    ("algo.learning_rate=-1e-5", "algo.learning_rate"),
+    ("algo.baseline=median", "algo.baseline"),
+    ("algo.joint_mode=cross", "algo.joint_mode"),  # cross with the default 2 turns
+    ("algo.ppo_epochs=3", "algo.ppo_epochs"),  # without clipping
+    ("algo.sampling.top_p=0", "algo.sampling.top_p"),
+    ("task.train_slice=[50,10]", "task.train_slice"),
+    ("task.feedback=verbose", "task.feedback"),
+    ("trainer.eval_k=[1,5]", "trainer.eval_k"),
+    ("model.dtype=fp8", "model.dtype"),
+])
+def test_invalid_values_name_the_key(override, key):
+    cfg = compose_config([override, "run_dir=/tmp/x"])
+    with pytest.raises(UserError, match=key.replace(".", r"\.")):
+        validate(cfg)
+
+
+def test_raw_baseline_allows_a_single_sample():
+    validate(compose_config(["algo.num_generations=1", "algo.baseline=raw", "run_dir=/tmp/x"]))
+
+
+def test_cli_unknown_option_lists_the_valid_ones(tmp_path):
+    out = subprocess.run([str(VENV_BIN / "marl-llm"), "algo=nope"], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "Available options in 'algo'" in out.stderr and "magrpo" in out.stderr
+
+
+def test_cli_invalid_value_exits_2_without_traceback(tmp_path):
+    out = subprocess.run([str(VENV_BIN / "marl-llm"), "algo.num_generations=1", "logger=none"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "algo.num_generations" in out.stderr and "Traceback" not in out.stderr

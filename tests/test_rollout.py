@@ -1,0 +1,124 @@
+"""Generation and log-probs: batched mixed-adapter generation, per-row sampling, and completion
+masks that cover completion tokens only (nothing of the prompt, nothing after EOS), with a chat
+template where pad == eos (SmolLM2's tokenizer)."""
+
+from __future__ import annotations
+
+import torch
+
+from conftest import make_policies
+from marl_llm.rollout import (GenRequest, HFRollout, PerRowSampling, SamplingParams, completion_logprobs,
+                              cut_at_eos, encode_prompt, pad_pairs)
+
+
+def test_pad_equals_eos_and_the_prompt_contains_it(tiny_model_dir):
+    policies = make_policies(tiny_model_dir)
+    tok = policies.tokenizers[0]
+    assert tok.pad_token_id == tok.eos_token_id
+    ids = encode_prompt(tok, "Write aux.")
+    # The chat template closes the system turn with <|im_end|> == eos == pad, mid-prompt: a
+    # "first pad token" prompt boundary (the reference's) would cut the prompt there.
+    assert tok.eos_token_id in ids[:-3]
+    ro = HFRollout(policies)
+    out = ro.generate([GenRequest(0, "Write aux.", SamplingParams(temperature=0.0, max_new_tokens=5)),
+                       GenRequest(1, "A much longer message " * 5, SamplingParams(temperature=0.0, max_new_tokens=5))])
+    assert out[0].prompt_ids.tolist() == ids  # exact prompt ids, never re-tokenized or cut
+    assert all(len(o.completion_ids) == 5 and o.truncated for o in out)
+
+
+def test_cut_at_eos_drops_everything_after_the_first_eos():
+    ids, truncated = cut_at_eos(torch.tensor([5, 7, 2, 2, 2]), [2])
+    assert ids.tolist() == [5, 7, 2] and not truncated
+    ids, truncated = cut_at_eos(torch.tensor([5, 7, 9]), [2, 3])
+    assert ids.tolist() == [5, 7, 9] and truncated
+    assert cut_at_eos(torch.tensor([3, 2, 1]), [2, 3])[0].tolist() == [3]
+
+
+def test_generation_stops_at_eos_and_padding_is_not_part_of_the_completion(tiny_model_dir):
+    policies = make_policies(tiny_model_dir)
+    ro = HFRollout(policies)
+    req = [GenRequest(0, "hello", SamplingParams(temperature=0.0, max_new_tokens=8)),
+           GenRequest(0, "a different and longer prompt", SamplingParams(temperature=0.0, max_new_tokens=8))]
+    free = ro.generate(req)
+    toks = free[0].completion_ids.tolist()
+    # Make the first token that differs from its predecessors an end-of-sequence id.
+    k = next(k for k in range(1, len(toks)) if toks[k] not in toks[:k])
+    stop = toks[k]
+    policies.eos_ids[0] = policies.eos_ids[0] + [stop]
+    cut = ro.generate(req)
+    assert cut[0].completion_ids.tolist() == toks[: k + 1]
+    assert not cut[0].truncated
+    # The other row is unaffected unless it produced the same id.
+    if stop not in free[1].completion_ids.tolist():
+        assert cut[1].completion_ids.tolist() == free[1].completion_ids.tolist()
+
+
+def test_completion_mask_and_logprobs_ignore_prompt_and_padding(tiny_model_dir):
+    policies = make_policies(tiny_model_dir)
+    model = policies.models[0]
+    model.set_adapter("agent_aux")
+    prompts = [torch.tensor([1, 10, 11, 2, 12]), torch.tensor([1, 13])]
+    comps = [torch.tensor([20, 21, 2]), torch.tensor([22, 23, 24, 25, 2])]
+    ids, att, pos, cmask = pad_pairs(prompts, comps, pad_id=2)
+    assert cmask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+    assert att[0].tolist() == [1, 1, 1, 1, 1, 1, 1, 1, 0, 0] and att[1].tolist() == [0, 0, 0, 1, 1, 1, 1, 1, 1, 1]
+    assert pos[1, 3:].tolist() == list(range(7))  # positions count real tokens only
+    with torch.no_grad():
+        logp, mask, _ = completion_logprobs(model, prompts, comps, pad_id=2)
+        # Same log-probs as scoring each pair alone, unpadded, by hand.
+        for b in range(2):
+            full = torch.cat([prompts[b], comps[b]]).unsqueeze(0)
+            lp = torch.log_softmax(model(input_ids=full).logits[0, :-1].float(), -1)
+            want = lp[len(prompts[b]) - 1:].gather(1, comps[b].unsqueeze(1)).squeeze(1)
+            assert torch.allclose(logp[b, : len(comps[b])], want, atol=1e-5)
+            assert torch.all(logp[b, len(comps[b]):] == 0)
+
+
+def test_padding_rows_do_not_change_a_completions_logprobs(tiny_model_dir):
+    policies = make_policies(tiny_model_dir)
+    model = policies.models[0]
+    prompts, comps = [torch.tensor([1, 10, 11, 12])], [torch.tensor([20, 2])]
+    with torch.no_grad():
+        alone, _, _ = completion_logprobs(model, prompts, comps, pad_id=2)
+        # Batched with a longer neighbour, row 0 gets padding after its EOS: masked, and its
+        # real tokens score exactly as alone.
+        both, mask, _ = completion_logprobs(model, prompts * 2, comps + [torch.tensor([20, 21, 22, 23, 2])], 2)
+    assert mask[0].tolist() == [1, 1, 0, 0, 0]
+    assert torch.allclose(both[0, :2], alone[0], atol=1e-5) and torch.all(both[0, 2:] == 0)
+
+
+def test_mixed_adapter_batch_matches_per_agent_generation(tiny_model_dir):
+    policies = make_policies(tiny_model_dir)
+    ro = HFRollout(policies)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    mixed = ro.generate([GenRequest(0, "solve it", greedy), GenRequest(1, "solve it", greedy)])
+    alone = [ro.generate([GenRequest(i, "solve it", greedy)])[0] for i in range(2)]
+    for m, a in zip(mixed, alone):
+        assert m.completion_ids.tolist() == a.completion_ids.tolist()
+    # The two adapters differ, so the same prompt gives different greedy completions.
+    assert mixed[0].completion_ids.tolist() != mixed[1].completion_ids.tolist()
+
+
+def test_per_row_sampling_settings():
+    torch.manual_seed(0)
+    scores = torch.randn(3, 50)
+    proc = PerRowSampling([SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=3),
+                           SamplingParams(temperature=1.0, top_p=0.5)], torch.device("cpu"))
+    out = proc(None, scores.clone())
+    finite = out > torch.finfo(out.dtype).min
+    assert finite[0].sum() == 1 and int(out[0].argmax()) == int(scores[0].argmax())  # greedy row
+    assert finite[1].sum() == 3  # top-k row keeps 3 tokens
+    probs = scores[2].softmax(-1).sort(descending=True).values
+    kept = int(finite[2].sum())
+    assert probs[: kept - 1].sum() < 0.5 <= probs[:kept].sum()  # smallest set reaching top_p
+
+
+def test_sampling_is_seeded(tiny_model_dir):
+    policies = make_policies(tiny_model_dir)
+    ro = HFRollout(policies)
+    req = [GenRequest(i % 2, "go", SamplingParams(temperature=1.0, max_new_tokens=6)) for i in range(4)]
+    torch.manual_seed(3)
+    a = [c.completion_ids.tolist() for c in ro.generate(req)]
+    torch.manual_seed(3)
+    b = [c.completion_ids.tolist() for c in ro.generate(req)]
+    assert a == b and len({tuple(x) for x in a}) > 1
