@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-try:
-    import marl_llm  # noqa: F401
-except ImportError:  # not installed (pip install -e .): use the source tree
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from marl_llm.algos.losses import AGGREGATIONS, POLICY_LOSSES, k3_kl, policy_loss
 

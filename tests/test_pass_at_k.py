@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
-
-try:
-    import marl_llm  # noqa: F401
-except ImportError:  # not installed (pip install -e .): use the source tree
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from marl_llm.evaluation import mean_pass_at_k, pass_at_k
 

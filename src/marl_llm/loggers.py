@@ -45,7 +45,7 @@ class RunLogger:
                 project=lc.project, entity=lc.entity, group=lc.group or f"{cfg.algo.name}-{cfg.task.name}",
                 job_type="train", name=run_name, tags=list(lc.tags),
                 config=OmegaConf.to_container(cfg, resolve=True), dir=str(self.run_dir), id=wandb_id,
-                resume="allow", settings=wandb.Settings(start_method="thread", init_timeout=60), **kwargs)
+                resume="allow", settings=wandb.Settings(init_timeout=60), **kwargs)
             self.wandb_id = self.wandb.id
             self.wandb.define_metric("train/global_step")
             self.wandb.define_metric("train/*", step_metric="train/global_step")

@@ -69,16 +69,36 @@ class PerRowSampling:
             kth = torch.sort(scores, dim=1, descending=True).values.gather(1, (k - 1).clamp(max=scores.shape[1] - 1).unsqueeze(1))
             scores = scores.masked_fill(scores < kth, neg)
         if bool((self.top_p < 1).any()):
-            sorted_scores, order = torch.sort(scores, dim=1, descending=True)
-            probs = sorted_scores.softmax(dim=1)
-            # Drop a token when the mass strictly before it already reaches top_p (keeps >= 1 token).
-            drop_sorted = (probs.cumsum(dim=1) - probs) >= self.top_p.unsqueeze(1)
-            drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-            scores = scores.masked_fill(drop, neg)
+            scores = self._top_p(scores, neg)
         if bool(greedy.any()):
             best = scores.argmax(dim=1, keepdim=True)
             only_best = torch.full_like(scores, neg).scatter(1, best, 0.0)
             scores = torch.where(greedy.unsqueeze(1), only_best, scores)
+        return scores
+
+    # The nucleus of a trained LM almost always lies in its top few hundred tokens: find it with
+    # a partial top-k (cheap) and fall back to a full sort only for rows whose nucleus is wider.
+    TOP_P_CANDIDATES = 256
+
+    def _top_p(self, scores: torch.Tensor, neg: float) -> torch.Tensor:
+        logz = scores.logsumexp(dim=1, keepdim=True)
+        k = min(self.TOP_P_CANDIDATES, scores.shape[1])
+        top, idx = scores.topk(k, dim=1)  # sorted descending
+        probs = (top - logz).exp()
+        before = probs.cumsum(dim=1) - probs  # mass strictly before each candidate
+        active = self.top_p < 1
+        wide = active & (before[:, -1] + probs[:, -1] < self.top_p)  # nucleus wider than the candidates
+        if bool(wide.any()):
+            top_w, idx_w = torch.sort(scores[wide], dim=1, descending=True)
+            probs_w = (top_w - logz[wide]).exp()
+            keep_w = (probs_w.cumsum(dim=1) - probs_w) < self.top_p[wide].unsqueeze(1)
+            scores[wide] = torch.full_like(top_w, neg).scatter(1, idx_w, torch.where(keep_w, top_w, neg))
+        narrow = active & ~wide
+        if bool(narrow.any()):
+            # Keep a token while the mass strictly before it is below top_p (always >= 1 token).
+            keep = before[narrow] < self.top_p[narrow].unsqueeze(1)
+            kept = torch.where(keep, top[narrow], torch.full_like(top[narrow], neg))
+            scores[narrow] = torch.full_like(scores[narrow], neg).scatter(1, idx[narrow], kept)
         return scores
 
 

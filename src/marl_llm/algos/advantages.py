@@ -44,6 +44,8 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from marl_llm.registry import registrar
+
 __all__ = [
     "BASELINES",
     "JOINT_MODES",
@@ -136,9 +138,7 @@ def register_baseline(name: str, *, min_group_size: int = 1) -> Callable[[Baseli
     """Register ``fn(values: Tensor[n], groups: GroupIndex) -> Tensor[n]`` under ``name``."""
 
     def decorator(fn: BaselineFn) -> BaselineFn:
-        if name in BASELINES:
-            raise ValueError(f"baseline {name!r} is already registered")
-        BASELINES[name] = fn
+        registrar(BASELINES, "baseline")(name)(fn)
         BASELINE_MIN_GROUP_SIZE[name] = min_group_size
         return fn
 
@@ -270,16 +270,8 @@ JointModeFn = Callable[[Tensor, int], Tensor]
 JOINT_MODES: dict[str, JointModeFn] = {}
 
 
-def register_joint_mode(name: str) -> Callable[[JointModeFn], JointModeFn]:
-    """Register ``fn(joint_returns, num_agents) -> per-agent returns Tensor[(B,) N, G]``."""
-
-    def decorator(fn: JointModeFn) -> JointModeFn:
-        if name in JOINT_MODES:
-            raise ValueError(f"joint mode {name!r} is already registered")
-        JOINT_MODES[name] = fn
-        return fn
-
-    return decorator
+# Register ``fn(joint_returns, num_agents) -> per-agent returns Tensor[(B,) N, G]``.
+register_joint_mode = registrar(JOINT_MODES, "joint mode")
 
 
 @register_joint_mode("align")

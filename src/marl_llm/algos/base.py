@@ -16,6 +16,7 @@ import torch
 
 from marl_llm.episodes import JointTree
 from marl_llm.models import AgentPolicies
+from marl_llm.registry import registrar
 from marl_llm.rollout import Completion, HFRollout, SamplingParams
 from marl_llm.tasks.base import Problem, Task, import_submodules
 
@@ -25,13 +26,16 @@ class AgentBatch:
     """One agent's training samples of a step.
 
     completions[j] holds the exact prompt/completion ids; advantages: Tensor[n] (one per
-    completion); turns[j]: the turn the sample was taken at (for per-turn metrics).
+    completion); turns[j]: the turn the sample was taken at (for per-turn metrics); kl: Tensor[n]
+    or None.
     """
 
     agent: int
     completions: list[Completion] = field(default_factory=list)
     advantages: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
     turns: list[int] = field(default_factory=list)
+    # Per-sample KL(policy || reference), when the algorithm computed it before the update.
+    kl: torch.Tensor | None = None
 
 
 class Algorithm(ABC):
@@ -66,14 +70,8 @@ class Algorithm(ABC):
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
 
 
-def register_algorithm(name: str):
-    """Class decorator: make an Algorithm available as `algo=<name>` (conf/algo/<name>.yaml)."""
-
-    def deco(cls):
-        ALGORITHMS[name] = cls
-        return cls
-
-    return deco
+# Class decorator: `@register_algorithm("name")` makes an Algorithm available as `algo=<name>`.
+register_algorithm = registrar(ALGORITHMS, "algorithm")
 
 
 def build_algorithm(cfg: Any, task: Task, policies: AgentPolicies, rollout: HFRollout,

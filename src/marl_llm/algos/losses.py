@@ -32,6 +32,8 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
+from marl_llm.registry import registrar
+
 __all__ = [
     "AGGREGATIONS",
     "POLICY_LOSSES",
@@ -60,16 +62,8 @@ LossFn = Callable[[Tensor, Tensor, Tensor, "float | None", "float | None"], Surr
 POLICY_LOSSES: dict[str, LossFn] = {}
 
 
-def register_loss(name: str) -> Callable[[LossFn], LossFn]:
-    """Register a per-token surrogate ``fn(logp, old_logp, advantages, eps_low, eps_high)``."""
-
-    def decorator(fn: LossFn) -> LossFn:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorator
+# Register a per-token surrogate ``fn(logp, old_logp, advantages, eps_low, eps_high)``.
+register_loss = registrar(POLICY_LOSSES, "policy loss")
 
 
 @register_loss("reinforce")
@@ -108,16 +102,8 @@ AggFn = Callable[[Tensor, Tensor], Tensor]
 AGGREGATIONS: dict[str, AggFn] = {}
 
 
-def register_aggregation(name: str) -> Callable[[AggFn], AggFn]:
-    """Register ``fn(per_token [B, T], mask [B, T] bool) -> scalar``."""
-
-    def decorator(fn: AggFn) -> AggFn:
-        if name in AGGREGATIONS:
-            raise ValueError(f"aggregation {name!r} is already registered")
-        AGGREGATIONS[name] = fn
-        return fn
-
-    return decorator
+# Register ``fn(per_token [B, T], mask [B, T] bool) -> scalar``.
+register_aggregation = registrar(AGGREGATIONS, "aggregation")
 
 
 def _masked(x: Tensor, mask: Tensor) -> Tensor:

@@ -43,9 +43,10 @@ class MAGRPO(Algorithm):
         # Per-agent rewards: the team reward, minus beta * KL(agent || reference) when the KL
         # shapes the reward (the reference implementation's variant).
         agent_rewards = [list(rewards) for _ in range(n_agents)]
+        agent_kl: list[torch.Tensor | None] = [None] * n_agents
         if a.kl_coef > 0 and a.kl_mode == "reward":
             for i in range(n_agents):
-                kls = self._sequence_kl(i, [n.completions[i] for n in tree.nodes()])
+                kls = agent_kl[i] = self._sequence_kl(i, [n.completions[i] for n in tree.nodes()])
                 start = 0
                 for t, turn in enumerate(tree.turns):
                     agent_rewards[i][t] = rewards[t] - a.kl_coef * kls[start:start + len(turn)]
@@ -69,7 +70,7 @@ class MAGRPO(Algorithm):
                 for t, turn in enumerate(tree.turns):
                     rows[i].extend((n.completions[i], adv, t) for n, adv in zip(turn, advs[t].tolist()))
         return [AgentBatch(i, [c for c, _, _ in r], torch.tensor([v for _, v, _ in r], dtype=torch.float32),
-                           [t for _, _, t in r]) for i, r in enumerate(rows)]
+                           [t for _, _, t in r], agent_kl[i]) for i, r in enumerate(rows)]
 
     @torch.no_grad()
     def _sequence_kl(self, agent: int, completions: list[Completion]) -> torch.Tensor:
@@ -96,6 +97,9 @@ class MAGRPO(Algorithm):
             advs = torch.cat([batches[i].advantages for i in agents])
             label = "shared" if len(agents) > 1 else self.policies.agents[agents[0]].name
             s = self._update_adapter(agents[0], key, comps, advs)
+            kls = [batches[i].kl for i in agents if batches[i].kl is not None]
+            if kls:  # KL shaped the reward: report the mean per-sequence KL it used
+                s["kl"] = float(torch.cat(kls).mean())
             stats.update({f"{label}/{k}": v for k, v in s.items()})
         return stats
 

@@ -11,6 +11,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
+from marl_llm.registry import registrar
+
 
 @dataclass
 class Problem:
@@ -90,14 +92,8 @@ class Task(ABC):
 TASKS: dict[str, Callable[[Any], Task]] = {}
 
 
-def register_task(name: str):
-    """Class decorator: make a Task available as `task=<name>` (conf/task/<name>.yaml)."""
-
-    def deco(cls):
-        TASKS[name] = cls
-        return cls
-
-    return deco
+# Class decorator: `@register_task("name")` makes a Task available as `task=<name>`.
+register_task = registrar(TASKS, "task")
 
 
 def import_submodules(package: str) -> None:

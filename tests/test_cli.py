@@ -1,0 +1,100 @@
+"""End to end: the real `marl-llm` console script in a subprocess, from a foreign directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, VENV_BIN
+
+CLI = str(VENV_BIN / "marl-llm")
+
+
+def run(args, cwd, env=None, timeout=600):
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, env=full_env, timeout=timeout)
+
+
+def tiny_args(model_dir, *extra):
+    return ["model=local", f"model.path={model_dir}", "algo.num_generations=2", "algo.sampling.max_new_tokens=6",
+            "algo.lora.r=4", "trainer.max_steps=1", "trainer.eval_max_problems=2", *extra]
+
+
+def test_help_lists_groups_and_options(tmp_path):
+    out = run([CLI, "--help"], tmp_path)
+    assert out.returncode == 0
+    for text in ("marl-llm", "algo: magrpo", "task: humaneval", "smollm2_135m", "qwen2_5_coder_3b"):
+        assert text in out.stdout
+
+
+def test_cfg_job_shows_overrides(tmp_path):
+    out = run([CLI, "--cfg", "job", "model=qwen3_1_7b", "algo.num_generations=8", "trainer.max_steps=50", "seed=1"],
+              tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "num_generations: 8" in out.stdout and "max_steps: 50" in out.stdout and "seed: 1" in out.stdout
+    assert "hub_id: Qwen/Qwen3-1.7B" in out.stdout
+
+
+def test_tiny_run_end_to_end_with_offline_wandb(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    out = subprocess.run([CLI, *tiny_args(tiny_model_dir, "logger=wandb", f"hydra.run.dir={run_dir}")], cwd=tmp_path,
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "eval @ step 0" in out.stdout and "step 1/1" in out.stdout
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("train/reward" in r for r in rows) and any("eval/pass@1" in r for r in rows)
+    assert (run_dir / "checkpoint.pt").is_file()
+    assert list((run_dir / "wandb").glob("offline-run-*")), "W&B should have logged offline"
+
+
+def test_multirun_sweeps_seeds(tiny_model_dir, tmp_path):
+    sweep = tmp_path / "sweep"
+    out = run([CLI, "-m", "seed=0,1", *tiny_args(tiny_model_dir, "logger=none", "trainer.eval_before=false",
+                                                 "trainer.eval_after=false", f"hydra.sweep.dir={sweep}")], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    metrics = sorted(sweep.rglob("metrics.jsonl"))
+    assert len(metrics) == 2
+    assert {p.parent.name for p in metrics} == {"seed=0", "seed=1"}
+
+
+def test_non_editable_install_finds_its_config(tmp_path):
+    target = tmp_path / "site"
+    out = run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
+               str(target), str(REPO)], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert (target / "marl_llm" / "conf" / "algo" / "magrpo.yaml").is_file()
+    env = {"PYTHONPATH": str(target)}
+    where = run([sys.executable, "-c", "import marl_llm.cli as c; print(c.__file__); print(c.config_dir())"], tmp_path, env)
+    assert where.stdout.splitlines() == [str(target / "marl_llm" / "cli.py"), str(target / "marl_llm" / "conf")]
+    out = run([str(target / "bin" / "marl-llm"), "--cfg", "job", "algo.baseline=rloo"], tmp_path, env)
+    assert out.returncode == 0, out.stderr
+    assert "baseline: rloo" in out.stdout
+
+
+def test_hub_model_offline_suggests_model_path(tmp_path):
+    out = run([CLI, "model=qwen3_1_7b", "logger=none", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path,
+              {"HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert out.returncode == 2
+    assert "model.path=" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_embedded_model_one_step(tmp_path):
+    """The real default job on the embedded SmolLM2-135M: one step, small G, few tokens."""
+    run_dir = tmp_path / "run"
+    out = run([CLI, "algo=magrpo", "task=humaneval", "logger=none", "algo.num_generations=2",
+               "algo.sampling.max_new_tokens=24", "trainer.max_steps=1", "trainer.eval_max_problems=2",
+               f"hydra.run.dir={run_dir}", f"trainer.summary_file={tmp_path / 'summary.md'}"], tmp_path, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "smollm2-135m-instruct" in out.stdout
+    summary = (tmp_path / "summary.md").read_text()
+    assert "pass@1" in summary and "marl-llm algo=magrpo task=humaneval" in summary
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_row = next(r for r in rows if "train/reward" in r)
+    assert 0.0 <= train_row["train/reward"] <= 4.0 and train_row["train/aux/num_tokens"] > 0
