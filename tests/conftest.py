@@ -55,7 +55,7 @@ def compose_config(overrides: list[str]):
 
 def tiny_overrides(model_dir: Path, run_dir: Path, *extra: str) -> list[str]:
     """A training config that runs in seconds on the tiny model."""
-    return [f"model=local", f"model.path={model_dir}", "logger=none", f"run_dir={run_dir}",
+    return ["model=local", f"model.path={model_dir}", "logger=none", f"run_dir={run_dir}",
             "algo.num_generations=2", "algo.sampling.max_new_tokens=6", "algo.lora.r=4",
             "algo.lora.target_modules=[q_proj,v_proj]", "trainer.max_steps=1", "trainer.eval_max_problems=2",
             "task.train_slice=[33,37]", *extra]

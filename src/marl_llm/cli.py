@@ -15,7 +15,7 @@ import typing
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from marl_llm.config import (ALGO_SCHEMAS, TASK_SCHEMAS, LoggerConfig, ModelConfig, TrainerConfig, UserError,
                              register_configs, validate)
@@ -30,6 +30,11 @@ def config_dir() -> str:
 
 
 register_configs()
+# Sweep subdirs: <overrides>/seed=<s>, so the seeds of one configuration sit side by side (and a
+# seed-only sweep gets seed=<s>, not an absolute "/seed=<s>").
+OmegaConf.register_new_resolver(
+    "marl_llm_sweep_subdir", lambda overrides, seed: f"{overrides}/seed={seed}" if overrides else f"seed={seed}",
+    replace=True)
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")

@@ -139,7 +139,7 @@ class LoggerConfig:
 # -------------------------------------------------------------------------------------- trainer
 @dataclass
 class TrainerConfig:
-    max_steps: int = 8
+    max_steps: int = 3
     # Problems (environment instances) per step; each yields a rollout tree of joint actions.
     prompts_per_step: int = 1
     # Completions per forward/backward pass in the update (gradient accumulation below that).
@@ -148,8 +148,8 @@ class TrainerConfig:
     eval_every: int = 0
     eval_before: bool = True
     eval_after: bool = True
-    # Limit the eval split (null: all of it).
-    eval_max_problems: Optional[int] = None
+    # Limit the eval split (null: all of it). The CPU default evaluates its first 4 problems.
+    eval_max_problems: Optional[int] = 4
     # Sampled pass@k: n samples per problem (0: greedy pass@1 only) and the k values to report.
     eval_num_samples: int = 0
     eval_k: List[int] = field(default_factory=lambda: [1])

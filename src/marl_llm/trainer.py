@@ -104,7 +104,9 @@ def train(cfg: DictConfig) -> float:
             start_step, wandb_id = ckpt["step"], ckpt["wandb_id"]
             print(f"[marl-llm] resumed from {run_dir / 'checkpoint.pt'} at step {start_step}", flush=True)
     logger = RunLogger(cfg, run_dir, wandb_id)
-    summary: dict[str, Any] = {"before": None, "after": None}
+    summary: dict[str, Any] = {"before": None, "after": None, "eval_problems": len(eval_set),
+                               "train_problems": len(train_set)}
+    t_start = time.perf_counter()
     print(f"[marl-llm] {cfg.algo.name} on {cfg.task.name}: agents {', '.join(task.agent_names)} on "
           f"{cfg.model.name} ({policies.device}, {policies.dtype}); run dir {run_dir}", flush=True)
 
@@ -159,7 +161,7 @@ def train(cfg: DictConfig) -> float:
             summary["after"] = run_eval(final_step)
         summary.update(train_reward_first=_first_train_reward(run_dir), train_reward_last=last_train.get("reward"),
                        sec_per_step=(sum(step_times) / len(step_times)) if step_times else None,
-                       peak_rss_gib=peak_rss_gib(), steps=final_step)
+                       peak_rss_gib=peak_rss_gib(), steps=final_step, wall_s=time.perf_counter() - t_start)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         if tc.summary_file:
             write_summary(Path(tc.summary_file), cfg, summary)
@@ -209,12 +211,13 @@ def write_summary(path: Path, cfg: DictConfig, s: dict[str, Any]) -> None:
         "",
         "| metric | before training | after training |",
         "|---|---|---|",
-        f"| eval pass@1 (greedy, {cfg.algo.get('num_turns', 1)} turns) | {get('before', 'pass@1')} | {get('after', 'pass@1')} |",
+        f"| eval pass@1 (greedy, {cfg.algo.get('num_turns', 1)} turns, {s['eval_problems']} held-out problems) | {get('before', 'pass@1')} | {get('after', 'pass@1')} |",
         f"| eval reward (task scale) | {get('before', 'reward')} | {get('after', 'reward')} |",
         f"| train reward (first step / last step) | {num(s.get('train_reward_first'), '.4f')} | {num(s.get('train_reward_last'), '.4f')} |",
         "",
-        f"- steps: {s.get('steps')}; seconds per step: {num(s.get('sec_per_step'), '.1f')}; "
-        f"peak RSS: {num(s.get('peak_rss_gib'), '.2f')} GiB",
+        f"- steps: {s.get('steps')} (prompts per step: {cfg.trainer.prompts_per_step}, "
+        f"G={cfg.algo.get('num_generations')}); seconds per step: {num(s.get('sec_per_step'), '.1f')}; "
+        f"whole run: {num(s.get('wall_s'), '.0f')} s; peak RSS: {num(s.get('peak_rss_gib'), '.2f')} GiB",
         f"- device: {'cuda' if torch.cuda.is_available() else 'cpu'}; torch {torch.__version__}",
         "",
     ]

@@ -9,7 +9,6 @@ The default preset is the paper's: summed token log-probs, one on-policy step, n
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 
