@@ -97,3 +97,16 @@ def test_embedded_model_one_step(tmp_path):
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_row = next(r for r in rows if "train/reward" in r)
     assert 0.0 <= train_row["train/reward"] <= 4.0 and train_row["train/aux/num_tokens"] > 0
+
+
+def test_unreachable_wandb_never_stops_training(tiny_model_dir, tmp_path):
+    """logger.mode=online with no API key (and no network): a warning, then training as usual."""
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(WANDB_API_KEY="", WANDB_BASE_URL="http://127.0.0.1:9", HOME=str(tmp_path))
+    out = subprocess.run([CLI, *tiny_args(tiny_model_dir, "logger=wandb", "logger.mode=online",
+                                          "trainer.eval_before=false", f"hydra.run.dir={run_dir}")],
+                         cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "W&B unavailable" in out.stderr
+    assert any("train/reward" in line for line in (run_dir / "metrics.jsonl").read_text().splitlines())

@@ -142,8 +142,8 @@ class TrainerConfig:
     max_steps: int = 3
     # Problems (environment instances) per step; each yields a rollout tree of joint actions.
     prompts_per_step: int = 1
-    # Completions per forward/backward pass in the update (gradient accumulation below that).
-    micro_batch_size: int = 2
+    # Completions per forward/backward pass in the update (gradient accumulation above it).
+    completions_per_micro_batch: int = 2
     # Evaluate every N steps (0: only before and after training).
     eval_every: int = 0
     eval_before: bool = True
@@ -153,8 +153,8 @@ class TrainerConfig:
     # Sampled pass@k: n samples per problem (0: greedy pass@1 only) and the k values to report.
     eval_num_samples: int = 0
     eval_k: List[int] = field(default_factory=lambda: [1])
-    # Generation batch cap (sequences per generate call) for evaluation.
-    eval_batch_size: int = 32
+    # Generation chunk: at most this many sequences per `generate` call (training and eval).
+    sequences_per_generate: int = 32
     # Save a checkpoint every N steps (0: only at the end).
     save_every: int = 0
     # Continue from <run_dir>/checkpoint if it exists.
@@ -265,7 +265,7 @@ def validate(cfg: DictConfig) -> None:
         _check(sb.workers >= 1, "task.sandbox.workers", "must be >= 1")
     _check(t.max_steps >= 0, "trainer.max_steps", "must be >= 0")
     _check(t.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1")
-    _check(t.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1")
+    _check(t.completions_per_micro_batch >= 1, "trainer.completions_per_micro_batch", "must be >= 1")
     _check(t.eval_every >= 0, "trainer.eval_every", "must be >= 0")
     _check(t.save_every >= 0, "trainer.save_every", "must be >= 0")
     _check(t.eval_max_problems is None or t.eval_max_problems >= 1, "trainer.eval_max_problems", "must be >= 1 or null")

@@ -94,8 +94,8 @@ def train(cfg: DictConfig) -> float:
     if tc.gradient_checkpointing:
         for m in policies.models:
             m.gradient_checkpointing_enable()
-    rollout = HFRollout(policies, max_batch=tc.eval_batch_size)
-    algo = build_algorithm(cfg.algo, task, policies, rollout, tc.micro_batch_size)
+    rollout = HFRollout(policies, max_batch=tc.sequences_per_generate)
+    algo = build_algorithm(cfg.algo, task, policies, rollout, tc.completions_per_micro_batch)
 
     start_step, wandb_id = 0, None
     if tc.resume:
