@@ -120,7 +120,8 @@ def _source(spec: str | None, cfg: Any) -> tuple[str, bool]:
 
 
 def load_base(spec: str | None, cfg: Any, device: torch.device, dtype: torch.dtype):
-    """Load (model, tokenizer) for a base spec: a local dir, a hub id, or "embedded"."""
+    """Load (model, tokenizer) for a base spec: a local dir, a hub id, or "embedded".
+    The model's `name_or_path` tells where it came from."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source, local = _source(spec, cfg)

@@ -108,7 +108,8 @@ def train(cfg: DictConfig) -> float:
                                "train_problems": len(train_set)}
     t_start = time.perf_counter()
     print(f"[marl-llm] {cfg.algo.name} on {cfg.task.name}: agents {', '.join(task.agent_names)} on "
-          f"{cfg.model.name} ({policies.device}, {policies.dtype}); run dir {run_dir}", flush=True)
+          f"{cfg.model.name} [{', '.join(m.get_base_model().name_or_path for m in policies.models)}] "
+          f"({policies.device}, {policies.dtype}); run dir {run_dir}", flush=True)
 
     def run_eval(step: int) -> dict[str, float]:
         metrics, rows = evaluate(task, rollout, eval_set, algo.agent_sampling(), cfg.algo.get("num_turns", 1), tc)
@@ -165,6 +166,10 @@ def train(cfg: DictConfig) -> float:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         if tc.summary_file:
             write_summary(Path(tc.summary_file), cfg, summary)
+        before, after = summary["before"] or {}, summary["after"] or {}
+        print("[marl-llm] held-out before -> after training: " + "  ".join(
+            f"{k} {before[k]:.3f} -> {after[k]:.3f}" for k in ("pass@1", "reward") if k in before and k in after)
+            + f"  (summary: {tc.summary_file or run_dir / 'summary.json'})", flush=True)
         exit_code = 0
     finally:
         logger.finish(exit_code)
