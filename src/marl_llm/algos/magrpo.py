@@ -9,7 +9,6 @@ The default preset is the paper's: summed token log-probs, one on-policy step, n
 
 from __future__ import annotations
 
-
 import torch
 
 from marl_llm.algos.advantages import per_agent_advantages, tree_advantages
