@@ -127,3 +127,19 @@ def test_missing_lora_targets_name_the_fix(tiny_model_dir):
                                      lora=dict(r=2, alpha=4, dropout=0.0, target_modules=["c_attn"])))
     with pytest.raises(UserError, match="target_modules"):
         AgentPolicies(("a", "b"), model_cfg, algo_cfg, 0)
+
+
+def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir):
+    results = []
+    for checkpointing in (False, True):
+        policies = make_policies(tiny_model_dir)
+        if checkpointing:
+            policies.enable_gradient_checkpointing()
+        torch.manual_seed(0)
+        batches = make_batches(policies)
+        magrpo(policies).update(batches)
+        results.append(policies.adapter_state())
+    plain, ckpt = results
+    assert all(torch.allclose(plain[k][n], ckpt[k][n], atol=1e-6) for k in plain for n in plain[k])
+    assert any(not torch.allclose(plain[k][n], make_policies(tiny_model_dir).adapter_state()[k][n])
+               for k in plain for n in plain[k])

@@ -145,3 +145,42 @@ def test_sampling_is_seeded(tiny_model_dir):
     torch.manual_seed(3)
     b = [c.completion_ids.tolist() for c in ro.generate(req)]
     assert a == b and len({tuple(x) for x in a}) > 1
+
+
+def test_siblings_share_one_prompt_encoding_with_the_same_logprobs_and_gradients(tiny_model_dir):
+    """Completions of one prompt reuse its KV cache; values and gradients match full packing."""
+    from marl_llm.rollout import _shared_prompt_logits
+
+    policies = make_policies(tiny_model_dir)
+    with policies.acting(0) as model:
+        params = policies.adapter_parameters(0, "agent_aux")
+        prompt = torch.tensor([1, 40, 41, 42, 2, 43, 44])
+        comps = [torch.tensor([50, 51, 2]), torch.tensor([52, 53, 54, 55, 2]), torch.tensor([56])]
+        shared, mask_s, _ = completion_logprobs(model, [prompt] * 3, comps, pad_id=2)
+        assert _shared_prompt_logits(model, prompt, comps, 2, torch.device("cpu"))[0] is not None  # the shared path ran
+        shared.sum().backward()
+        grads_shared = [p.grad.clone() for p in params]
+        for p in params:
+            p.grad = None
+        packed, mask_p = completion_logprobs_packed(model, [prompt] * 3, comps)
+        packed.sum().backward()
+        alone = [completion_logprobs(model, [prompt], [c], pad_id=2)[0][0] for c in comps]
+    assert torch.equal(mask_s, mask_p)
+    assert torch.allclose(shared, packed, atol=1e-5)
+    for b, c in enumerate(comps):
+        assert torch.allclose(shared[b, : len(c)], alone[b], atol=1e-5)
+        assert torch.all(shared[b, len(c):] == 0)
+    for g_s, p in zip(grads_shared, params):
+        assert g_s.abs().sum() > 0
+        assert torch.allclose(g_s, p.grad, atol=1e-5, rtol=1e-4)
+
+
+def completion_logprobs_packed(model, prompts, comps):
+    """The packing path on its own (what completion_logprobs does for distinct prompts)."""
+    import torch.nn.functional as F
+
+    ids, att, pos, cmask = pad_pairs(prompts, comps, 2)
+    C = cmask.shape[1]
+    logits = model(input_ids=ids, attention_mask=att, position_ids=pos, logits_to_keep=C + 1).logits[:, :-1].float()
+    logp = torch.gather(F.log_softmax(logits, -1), 2, ids[:, -C:].unsqueeze(2)).squeeze(2)
+    return logp * cmask, cmask

@@ -143,7 +143,7 @@ class TrainerConfig:
     # Problems (environment instances) per step; each yields a rollout tree of joint actions.
     prompts_per_step: int = 1
     # Completions per forward/backward pass in the update (gradient accumulation above it).
-    completions_per_micro_batch: int = 2
+    completions_per_micro_batch: int = 4
     # Evaluate every N steps (0: only before and after training).
     eval_every: int = 0
     eval_before: bool = True

@@ -254,6 +254,11 @@ class AgentPolicies:
         finally:
             model.eval()
 
+    def enable_gradient_checkpointing(self) -> None:
+        for m in self.models:
+            # Non-reentrant: with a frozen base, reentrant checkpointing would cut the LoRA grads.
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
     # -- state for checkpoints
     def adapter_state(self) -> dict[str, dict[str, torch.Tensor]]:
         """{"<model index>/<adapter>": LoRA tensors on CPU}."""

@@ -209,15 +209,22 @@ def completion_logprobs(model, prompts: list[torch.Tensor], completions: list[to
 
     Returns logp [B, C] (differentiable when grad is enabled), completion_mask [B, C] and, if
     asked, entropy [B, C] of the policy at each completion position (no grad). Only the logits
-    of completion positions are materialized (`logits_to_keep`).
+    of completion positions are materialized (`logits_to_keep`). When every completion shares
+    one prompt (the G siblings of a rollout node), the prompt is encoded once and its KV cache
+    reused for all of them (gradients flow through the cache); the result is the same.
     """
     device = next(model.parameters()).device
-    ids, att, pos, cmask = pad_pairs(prompts, completions, pad_id)
-    C = cmask.shape[1]
-    ids, att, pos = ids.to(device), att.to(device), pos.to(device)
-    logits = model(input_ids=ids, attention_mask=att, position_ids=pos, logits_to_keep=C + 1, use_cache=False).logits
-    logits = logits[:, :-1].float()  # position t predicts token t+1: these predict the C completion tokens
-    targets = ids[:, -C:]
+    if len(prompts) > 1 and all(torch.equal(p, prompts[0]) for p in prompts[1:]):
+        logits, cmask, targets = _shared_prompt_logits(model, prompts[0], completions, pad_id, device)
+    else:
+        logits, cmask, targets = None, None, None
+    if logits is None:
+        ids, att, pos, cmask = pad_pairs(prompts, completions, pad_id)
+        C = cmask.shape[1]
+        ids, att, pos = ids.to(device), att.to(device), pos.to(device)
+        out = model(input_ids=ids, attention_mask=att, position_ids=pos, logits_to_keep=C + 1, use_cache=False)
+        logits = out.logits[:, :-1].float()  # position t predicts token t+1: these predict the C completion tokens
+        targets = ids[:, -C:]
     logp = torch.gather(F.log_softmax(logits, dim=-1), 2, targets.unsqueeze(2)).squeeze(2)
     cmask = cmask.to(device)
     entropy = None
@@ -226,3 +233,33 @@ def completion_logprobs(model, prompts: list[torch.Tensor], completions: list[to
             lp = F.log_softmax(logits.detach(), dim=-1)
             entropy = -(lp.exp() * lp).sum(-1)
     return logp * cmask, cmask, entropy
+
+
+def _shared_prompt_logits(model, prompt: torch.Tensor, completions: list[torch.Tensor], pad_id: int,
+                          device: torch.device):
+    """Logits [k, C, V] predicting k completions of one prompt, encoding the prompt once.
+
+    Returns (None, None, None) when the model keeps no KV cache (e.g. gradient checkpointing),
+    and the caller falls back to packing full sequences.
+    """
+    k, P = len(completions), len(prompt)
+    head = model(input_ids=prompt[None].to(device), use_cache=True, logits_to_keep=1)
+    cache = head.past_key_values
+    if cache is None or not hasattr(cache, "layers"):
+        return None, None, None
+    for layer in cache.layers:  # one copy of the prompt's keys/values per completion
+        layer.batch_repeat_interleave(k)
+    C = max(max(len(c) for c in completions), 1)
+    ids = torch.full((k, C), pad_id, dtype=torch.long)
+    cmask = torch.zeros((k, C), dtype=torch.float32)
+    for b, c in enumerate(completions):
+        ids[b, :len(c)] = c
+        cmask[b, :len(c)] = 1
+    att = torch.cat([torch.ones((k, P), dtype=torch.long), cmask.long()], dim=1)
+    pos = (P + torch.arange(C)).unsqueeze(0).expand(k, C)
+    ids = ids.to(device)
+    tail = model(input_ids=ids, attention_mask=att.to(device), position_ids=pos.to(device), past_key_values=cache,
+                 use_cache=True, logits_to_keep=C)
+    # The prompt's last position predicts completion token 0; completion position t predicts t+1.
+    logits = torch.cat([head.logits[:, -1:].expand(k, 1, -1), tail.logits[:, :-1]], dim=1).float()
+    return logits, cmask, ids

@@ -92,8 +92,7 @@ def train(cfg: DictConfig) -> float:
     eval_set = task.load_split("eval")[: tc.eval_max_problems or None]
     policies = AgentPolicies(task.agent_names, cfg.model, cfg.algo, cfg.seed)
     if tc.gradient_checkpointing:
-        for m in policies.models:
-            m.gradient_checkpointing_enable()
+        policies.enable_gradient_checkpointing()
     rollout = HFRollout(policies, max_batch=tc.sequences_per_generate)
     algo = build_algorithm(cfg.algo, task, policies, rollout, tc.completions_per_micro_batch)
 

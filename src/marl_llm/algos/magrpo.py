@@ -19,6 +19,15 @@ from marl_llm.rollout import Completion, completion_logprobs
 from marl_llm.tasks.base import Problem
 
 
+def micro_batches(completions: list[Completion], size: int) -> list[list[int]]:
+    """Indices of completions grouped by identical prompt (siblings of one node), each group cut
+    into chunks of at most `size`: a chunk's shared prompt is encoded once."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for j, c in enumerate(completions):
+        groups.setdefault(tuple(c.prompt_ids.tolist()), []).append(j)
+    return [idx[s:s + size] for idx in groups.values() for s in range(0, len(idx), size)]
+
+
 @register_algorithm("magrpo")
 class MAGRPO(Algorithm):
     def collect(self, problems: list[Problem]) -> JointTree:
@@ -75,16 +84,16 @@ class MAGRPO(Algorithm):
         """Per-completion k3 KL of agent's policy to the reference (adapters disabled): Tensor[n]."""
         out = []
         pad = self.policies.tokenizers[self.policies.agents[agent].model_index].pad_token_id
-        mb = self.micro_batch_size
+        kl = torch.zeros(len(completions), dtype=torch.float64)
         with self.policies.acting(agent) as model:
-            for s in range(0, len(completions), mb):
-                chunk = completions[s:s + mb]
-                prompts, comps = [c.prompt_ids for c in chunk], [c.completion_ids for c in chunk]
+            for idx in micro_batches(completions, self.micro_batch_size):
+                prompts = [completions[j].prompt_ids for j in idx]
+                comps = [completions[j].completion_ids for j in idx]
                 logp, mask, _ = completion_logprobs(model, prompts, comps, pad)
                 with model.disable_adapter():
                     ref, _, _ = completion_logprobs(model, prompts, comps, pad)
-                out.append(k3_kl(logp, ref, mask).double().cpu())
-        return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+                kl[idx] = k3_kl(logp, ref, mask).double().cpu()
+        return kl
 
     # ---------------------------------------------------------------------------------- update
     def update(self, batches: list[AgentBatch]) -> dict[str, float]:
@@ -108,8 +117,7 @@ class MAGRPO(Algorithm):
         opt = policies.optimizers[key]
         params = [p for group in opt.param_groups for p in group["params"]]
         pad = policies.tokenizers[key[0]].pad_token_id
-        mb = self.micro_batch_size
-        chunks = [list(range(s, min(s + mb, len(comps)))) for s in range(0, len(comps), mb)]
+        chunks = micro_batches(comps, self.micro_batch_size)
         total_seqs = len(comps)
         total_tokens = sum(len(c.completion_ids) for c in comps)
         old_logps: dict[int, torch.Tensor] = {}
