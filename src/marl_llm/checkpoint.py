@@ -34,6 +34,13 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
             os.unlink(tmp)
 
 
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -50,7 +57,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(run_dir: Path, cfg: DictConfig, policies: AgentPolicies, step: int,
-                    wandb_id: str | None, extra: dict[str, Any] | None = None) -> Path:
+                    wandb_id: str | None) -> Path:
     path = run_dir / CHECKPOINT
     atomic_torch_save({
         "step": step,
@@ -59,7 +66,6 @@ def save_checkpoint(run_dir: Path, cfg: DictConfig, policies: AgentPolicies, ste
         "rng": rng_state(),
         "config": OmegaConf.to_container(cfg, resolve=True),
         "wandb_id": wandb_id,
-        "extra": extra or {},
     }, path)
     return path
 

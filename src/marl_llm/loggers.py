@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -55,11 +55,12 @@ class RunLogger:
                   f"logging to {self.metrics_path} only", file=sys.stderr)
             self.wandb = None
 
-    def _wandb_call(self, fn, *args, **kwargs) -> None:
+    def _wandb_call(self, fn: Callable[[], Any]) -> None:
+        """Run a W&B call; on any failure warn once and continue without W&B."""
         if self.wandb is None:
             return
         try:
-            fn(*args, **kwargs)
+            fn()
         except Exception as err:  # noqa: BLE001
             print(f"[marl-llm] warning: W&B call failed ({err}); continuing without W&B", file=sys.stderr)
             self.wandb = None

@@ -207,11 +207,14 @@ class AgentPolicies:
             self.tokenizers.append(tok)
             self.agents.extend(Agent(n, k, adapters[0] if shared else f"agent_{n}") for n in names)
         self.eos_ids = [eos_token_ids(m, t) for m, t in zip(self.models, self.tokenizers)]
-        self.optimizers: dict[tuple[int, str], torch.optim.Optimizer] = {}
-        for key in self.trainable_adapters():
-            params = self.adapter_parameters(*key)
-            self.optimizers[key] = torch.optim.AdamW(params, lr=algo_cfg.learning_rate,
-                                                     weight_decay=algo_cfg.weight_decay)
+        # Each adapter's LoRA weights by name, found once: "<...>.<adapter>.<...>lora_<A|B>..."
+        self._adapter_params = {
+            (k, name): {n: p for n, p in self.models[k].named_parameters() if f".{name}." in n and "lora_" in n}
+            for k, name in self.trainable_adapters()}
+        self.optimizers: dict[tuple[int, str], torch.optim.Optimizer] = {
+            key: torch.optim.AdamW(self.adapter_parameters(*key), lr=algo_cfg.learning_rate,
+                                   weight_decay=algo_cfg.weight_decay)
+            for key in self.trainable_adapters()}
 
     # -- structure
     @property
@@ -231,7 +234,7 @@ class AgentPolicies:
 
     def adapter_parameters(self, model_index: int, adapter: str) -> list[torch.nn.Parameter]:
         """The LoRA weights of one adapter (made trainable; everything else stays frozen)."""
-        params = [p for n, p in self.models[model_index].named_parameters() if f".{adapter}." in n and "lora_" in n]
+        params = list(self._adapter_params[(model_index, adapter)].values())
         for p in params:
             p.requires_grad_(True)
         return params
@@ -262,16 +265,13 @@ class AgentPolicies:
     # -- state for checkpoints
     def adapter_state(self) -> dict[str, dict[str, torch.Tensor]]:
         """{"<model index>/<adapter>": LoRA tensors on CPU}."""
-        out = {}
-        for k, name in self.trainable_adapters():
-            out[f"{k}/{name}"] = {n: p.detach().cpu().clone() for n, p in self.models[k].named_parameters()
-                                  if f".{name}." in n and "lora_" in n}
-        return out
+        return {f"{k}/{name}": {n: p.detach().cpu().clone() for n, p in params.items()}
+                for (k, name), params in self._adapter_params.items()}
 
     def load_adapter_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
         for key, tensors in state.items():
             k, name = key.split("/", 1)
-            params = dict(self.models[int(k)].named_parameters())
+            params = self._adapter_params[(int(k), name)]
             with torch.no_grad():
                 for n, t in tensors.items():
                     params[n].copy_(t.to(params[n].device, params[n].dtype))
@@ -282,11 +282,6 @@ class AgentPolicies:
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         for (k, name), opt in self.optimizers.items():
             opt.load_state_dict(state[f"{k}/{name}"])
-
-    def save_adapters(self, directory: Path) -> None:
-        """peft-format adapters (loadable with PeftModel.from_pretrained) per agent."""
-        for k, name in self.trainable_adapters():
-            self.models[k].save_pretrained(str(directory / f"model{k}"), selected_adapters=[name])
 
 
 if __name__ == "__main__":

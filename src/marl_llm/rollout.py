@@ -180,6 +180,17 @@ class HFRollout:
 
 
 # ---------------------------------------------------------------------------------- scoring
+def pad_completions(completions: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded completion ids [B, C] and their mask [B, C] (1 on each completion's own tokens)."""
+    C = max(max(len(c) for c in completions), 1)
+    ids = torch.full((len(completions), C), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(completions), C), dtype=torch.float32)
+    for b, c in enumerate(completions):
+        ids[b, :len(c)] = c
+        mask[b, :len(c)] = 1
+    return ids, mask
+
+
 def pad_pairs(prompts: list[torch.Tensor], completions: list[torch.Tensor], pad_id: int):
     """Pack (prompt, completion) pairs as [left-padded prompt | right-padded completion].
 
@@ -188,17 +199,14 @@ def pad_pairs(prompts: list[torch.Tensor], completions: list[torch.Tensor], pad_
     completion's own tokens: nothing of the prompt, nothing after its EOS).
     """
     P = max(len(p) for p in prompts)
-    C = max(max(len(c) for c in completions), 1)
-    B = len(prompts)
-    ids = torch.full((B, P + C), pad_id, dtype=torch.long)
-    att = torch.zeros((B, P + C), dtype=torch.long)
-    cmask = torch.zeros((B, C), dtype=torch.float32)
-    for b, (p, c) in enumerate(zip(prompts, completions)):
-        ids[b, P - len(p):P] = p
-        att[b, P - len(p):P] = 1
-        ids[b, P:P + len(c)] = c
-        att[b, P:P + len(c)] = 1
-        cmask[b, :len(c)] = 1
+    comp_ids, cmask = pad_completions(completions, pad_id)
+    prompt_ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    prompt_att = torch.zeros((len(prompts), P), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        prompt_ids[b, P - len(p):] = p
+        prompt_att[b, P - len(p):] = 1
+    ids = torch.cat([prompt_ids, comp_ids], dim=1)
+    att = torch.cat([prompt_att, cmask.long()], dim=1)
     pos = (att.cumsum(dim=1) - 1).clamp(min=0)
     return ids, att, pos, cmask
 
@@ -214,11 +222,12 @@ def completion_logprobs(model, prompts: list[torch.Tensor], completions: list[to
     reused for all of them (gradients flow through the cache); the result is the same.
     """
     device = next(model.parameters()).device
+    shared = None
     if len(prompts) > 1 and all(torch.equal(p, prompts[0]) for p in prompts[1:]):
-        logits, cmask, targets = _shared_prompt_logits(model, prompts[0], completions, pad_id, device)
+        shared = _shared_prompt_logits(model, prompts[0], completions, pad_id, device)
+    if shared is not None:
+        logits, cmask, targets = shared
     else:
-        logits, cmask, targets = None, None, None
-    if logits is None:
         ids, att, pos, cmask = pad_pairs(prompts, completions, pad_id)
         C = cmask.shape[1]
         ids, att, pos = ids.to(device), att.to(device), pos.to(device)
@@ -239,22 +248,18 @@ def _shared_prompt_logits(model, prompt: torch.Tensor, completions: list[torch.T
                           device: torch.device):
     """Logits [k, C, V] predicting k completions of one prompt, encoding the prompt once.
 
-    Returns (None, None, None) when the model keeps no KV cache (e.g. gradient checkpointing),
-    and the caller falls back to packing full sequences.
+    Returns (logits, completion_mask [k, C], completion ids [k, C]), or None when the model
+    keeps no KV cache (e.g. gradient checkpointing): the caller then packs full sequences.
     """
     k, P = len(completions), len(prompt)
     head = model(input_ids=prompt[None].to(device), use_cache=True, logits_to_keep=1)
     cache = head.past_key_values
     if cache is None or not hasattr(cache, "layers"):
-        return None, None, None
+        return None
     for layer in cache.layers:  # one copy of the prompt's keys/values per completion
         layer.batch_repeat_interleave(k)
-    C = max(max(len(c) for c in completions), 1)
-    ids = torch.full((k, C), pad_id, dtype=torch.long)
-    cmask = torch.zeros((k, C), dtype=torch.float32)
-    for b, c in enumerate(completions):
-        ids[b, :len(c)] = c
-        cmask[b, :len(c)] = 1
+    ids, cmask = pad_completions(completions, pad_id)
+    C = ids.shape[1]
     att = torch.cat([torch.ones((k, P), dtype=torch.long), cmask.long()], dim=1)
     pos = (P + torch.arange(C)).unsqueeze(0).expand(k, C)
     ids = ids.to(device)

@@ -25,7 +25,7 @@ import torch
 from omegaconf import DictConfig
 
 from marl_llm.algos import build_algorithm
-from marl_llm.checkpoint import load_checkpoint, save_checkpoint
+from marl_llm.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
 from marl_llm.config import validate
 from marl_llm.episodes import JointTree
 from marl_llm.evaluation import evaluate, reward_metrics
@@ -162,7 +162,7 @@ def train(cfg: DictConfig) -> float:
         summary.update(train_reward_first=_first_train_reward(run_dir), train_reward_last=last_train.get("reward"),
                        sec_per_step=(sum(step_times) / len(step_times)) if step_times else None,
                        peak_rss_gib=peak_rss_gib(), steps=final_step, wall_s=time.perf_counter() - t_start)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
         if tc.summary_file:
             write_summary(Path(tc.summary_file), cfg, summary)
         before, after = summary["before"] or {}, summary["after"] or {}
@@ -225,7 +225,4 @@ def write_summary(path: Path, cfg: DictConfig, s: dict[str, Any]) -> None:
         f"- device: {'cuda' if torch.cuda.is_available() else 'cpu'}; torch {torch.__version__}",
         "",
     ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("\n".join(lines))
-    tmp.replace(path)
+    atomic_write_text(path, "\n".join(lines))

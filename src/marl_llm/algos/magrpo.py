@@ -82,7 +82,6 @@ class MAGRPO(Algorithm):
     @torch.no_grad()
     def _sequence_kl(self, agent: int, completions: list[Completion]) -> torch.Tensor:
         """Per-completion k3 KL of agent's policy to the reference (adapters disabled): Tensor[n]."""
-        out = []
         pad = self.policies.tokenizers[self.policies.agents[agent].model_index].pad_token_id
         kl = torch.zeros(len(completions), dtype=torch.float64)
         with self.policies.acting(agent) as model:
