@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test clean
+.PHONY: setup run test report clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,11 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# Comparison tables (results/<task>.md) and reward plots from finished runs under RUNS.
+RUNS ?= outputs multirun
+report: setup
+	$(VENV)/bin/marl-llm-report $(RUNS) --out results
 
 clean:
 	rm -rf $(VENV) outputs multirun

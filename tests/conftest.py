@@ -58,7 +58,7 @@ def tiny_overrides(model_dir: Path, run_dir: Path, *extra: str) -> list[str]:
     return ["model=local", f"model.path={model_dir}", "logger=none", f"run_dir={run_dir}",
             "algo.num_generations=2", "algo.sampling.max_new_tokens=6", "algo.lora.r=4",
             "algo.lora.target_modules=[q_proj,v_proj]", "trainer.max_steps=1", "trainer.eval_max_problems=2",
-            "task.train_slice=[33,37]", *extra]
+            "task.data.train_split='test[33:37]'", *extra]
 
 
 def make_policies(model_dir: Path, agents=("aux", "main"), adapters: str = "per_agent", agent_bases=None,

@@ -27,8 +27,12 @@ def tiny_args(model_dir, *extra):
 def test_help_lists_groups_and_options(tmp_path):
     out = run([CLI, "--help"], tmp_path)
     assert out.returncode == 0
-    for text in ("marl-llm", "algo: magrpo", "task: humaneval", "smollm2_135m", "qwen2_5_coder_3b"):
-        assert text in out.stdout
+    listing = out.stdout.split("== Config ==")[0]  # the groups section, before the composed config
+    groups = {line.split(":")[0]: line.split(":", 1)[1] for line in listing.splitlines()
+              if line.split(":")[0] in ("algo", "task", "model")}
+    assert {"magrpo", "single", "parallel", "sequential", "discussion"} <= set(groups["algo"].replace(",", " ").split())
+    assert {"humaneval", "coophumaneval", "tldr", "arxiv"} <= set(groups["task"].replace(",", " ").split())
+    assert {"smollm2_135m", "qwen2_5_coder_3b"} <= set(groups["model"].replace(",", " ").split())
 
 
 def test_cfg_job_shows_overrides(tmp_path):
@@ -68,6 +72,12 @@ def test_non_editable_install_finds_its_config(tmp_path):
                str(target), str(REPO)], tmp_path)
     assert out.returncode == 0, out.stderr
     assert (target / "marl_llm" / "conf" / "algo" / "magrpo.yaml").is_file()
+    # The offline data samples and the `evaluate` metric scripts are package data too.
+    for sample in ("tldr/train.jsonl", "tldr/test.jsonl", "arxiv/train.jsonl", "arxiv/val.jsonl",
+                   "coophumaneval/test.jsonl"):
+        assert (target / "marl_llm" / "samples" / sample).is_file(), sample
+    for metric in ("writing_reward/writing_reward.py", "pass_at_k/pass_at_k.py"):
+        assert (target / "marl_llm" / "metrics" / metric).is_file(), metric
     env = {"PYTHONPATH": str(target)}
     where = run([sys.executable, "-c", "import marl_llm.cli as c; print(c.__file__); print(c.config_dir())"], tmp_path, env)
     assert where.stdout.splitlines() == [str(target / "marl_llm" / "cli.py"), str(target / "marl_llm" / "conf")]

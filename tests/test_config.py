@@ -36,7 +36,7 @@ def test_defaults_are_the_documented_ones():
     cfg = compose_config(["run_dir=/tmp/x"])
     assert (cfg.algo.name, cfg.task.name, cfg.logger.name) == ("magrpo", "humaneval", "wandb")
     assert cfg.model.embedded and cfg.model.name == "smollm2-135m-instruct"
-    assert list(cfg.task.train_slice) == [33, 163] and list(cfg.task.eval_slice) == [0, 32]
+    assert (cfg.task.data.train_split, cfg.task.data.eval_split) == ("test[33:163]", "test[:32]")
     assert cfg.algo.num_turns == 2 and cfg.algo.loss_aggregation == "seq_sum" and cfg.algo.clip_eps is None
 
 
@@ -68,7 +68,8 @@ def test_cli_names_valid_keys_and_the_likely_fix():
     ("algo.joint_mode=cross", "algo.joint_mode"),  # cross with the default 2 turns
     ("algo.ppo_epochs=3", "algo.ppo_epochs"),  # without clipping
     ("algo.sampling.top_p=0", "algo.sampling.top_p"),
-    ("task.train_slice=[50,10]", "task.train_slice"),
+    ("task.data.train_split='test[50:10]'", "task.data.train_split"),
+    ("task.data.source=web", "task.data.source"),
     ("task.feedback=verbose", "task.feedback"),
     ("trainer.eval_k=[1,5]", "trainer.eval_k"),
     ("model.dtype=fp8", "model.dtype"),

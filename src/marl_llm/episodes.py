@@ -9,6 +9,8 @@ by the task's joint reward, all of a turn in one batch (sandboxed tests run in p
     MAGRPO training (cross):  widths = [G], every agent's G samples combined → G^N joint actions
     greedy evaluation:        widths = [1, 1, ...] at temperature 0
     sampled pass@k:           widths = [n, 1, ...]
+    prompt-only baselines:    order="sequential" (agent i sees agents < i), or a second turn whose
+                              prompts show the other agents' drafts (one-round discussion)
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ class JointTree:
         return (n for turn in self.turns for n in turn)
 
 
+NextPrompts = Callable[[Problem, list[list[Turn]], JointReward], list[str]]
+
+
 def collect_tree(
     task: Task,
     generate: Callable[[list[GenRequest]], list[Completion]],
@@ -57,8 +62,22 @@ def collect_tree(
     sampling: list[SamplingParams],
     joint_mode: str = "align",
     terminate: Callable[[JointNode], bool] | None = None,
+    order: str = "parallel",
+    next_prompts: NextPrompts | None = None,
 ) -> JointTree:
-    """Roll out `len(widths)` turns for every problem; see the module docstring."""
+    """Roll out `len(widths)` turns for every problem; see the module docstring.
+
+    order: "parallel" (every agent acts on its own prompt at once, the MAGRPO setting) or
+        "sequential" (agent i's g-th prompt also shows agents 0..i-1's g-th outputs, via
+        `task.sequential_prompt`; one generate call per agent).
+    next_prompts: how a turn's prompts follow from the previous one (default: the task's
+        environment feedback, `task.next_prompts`).
+    """
+    if order not in ("parallel", "sequential"):
+        raise ValueError(f"order={order!r}: expected parallel or sequential")
+    if order == "sequential" and joint_mode != "align":
+        raise ValueError("sequential rollouts pair the g-th outputs: joint_mode must be align")
+    next_prompts = next_prompts or task.next_prompts
     n_agents = task.num_agents
     turns: list[list[JointNode]] = []
     # Parents of the next turn: (problem index, parent index, per-agent messages, histories).
@@ -66,25 +85,37 @@ def collect_tree(
     for t, width in enumerate(widths):
         if not frontier:
             break
-        requests = [GenRequest(i, msgs[i], sampling[i]) for (_, _, msgs, _) in frontier
-                    for i in range(n_agents) for _ in range(width)]
-        completions = generate(requests)
+        # messages[f][i][g] / samples[f][i][g]: agent i's g-th prompt and completion under parent f.
+        messages = [[[msgs[i]] * width for i in range(n_agents)] for (_, _, msgs, _) in frontier]
+        samples: list[list[list[Completion]]] = [[[] for _ in range(n_agents)] for _ in frontier]
+        agent_groups = [list(range(n_agents))] if order == "parallel" else [[i] for i in range(n_agents)]
+        for group in agent_groups:
+            if order == "sequential" and group[0] > 0:
+                i = group[0]
+                for f, (b, _, _, _) in enumerate(frontier):
+                    messages[f][i] = [task.sequential_prompt(problems[b], i, messages[f][i][g],
+                                                             [(task.agent_names[j], samples[f][j][g].text) for j in range(i)])
+                                      for g in range(width)]
+            requests = [GenRequest(i, messages[f][i][g], sampling[i]) for f in range(len(frontier))
+                        for i in group for g in range(width)]
+            completions = iter(generate(requests))
+            for f in range(len(frontier)):
+                for i in group:
+                    samples[f][i] = [next(completions) for _ in range(width)]
         nodes: list[JointNode] = []
-        for f, (b, parent, msgs, hist) in enumerate(frontier):
-            base = f * n_agents * width
-            # samples[i][g]: agent i's g-th completion for this parent
-            samples = [completions[base + i * width: base + (i + 1) * width] for i in range(n_agents)]
+        for f, (b, parent, _, hist) in enumerate(frontier):
             choices = (itertools.product(range(width), repeat=n_agents) if joint_mode == "cross"
                        else ((g,) * n_agents for g in range(width)))
             for choice in choices:
-                comps = [samples[i][g] for i, g in enumerate(choice)]
+                comps = [samples[f][i][g] for i, g in enumerate(choice)]
+                msgs = [messages[f][i][g] for i, g in enumerate(choice)]
                 histories = [hist[i] + [Turn(msgs[i], comps[i].text)] for i in range(n_agents)]
-                nodes.append(JointNode(b, t, parent, list(msgs), comps, tuple(choice), histories=histories))
+                nodes.append(JointNode(b, t, parent, msgs, comps, tuple(choice), histories=histories))
         rewards = task.joint_rewards([problems[n.problem] for n in nodes], [n.texts for n in nodes])
         for n, r in zip(nodes, rewards):
             n.reward = r
             n.terminated = t == len(widths) - 1 or (terminate is not None and terminate(n))
         turns.append(nodes)
-        frontier = [(n.problem, j, task.next_prompts(problems[n.problem], n.histories, n.reward), n.histories)
+        frontier = [(n.problem, j, next_prompts(problems[n.problem], n.histories, n.reward), n.histories)
                     for j, n in enumerate(nodes) if not n.terminated]
     return JointTree(problems, turns)

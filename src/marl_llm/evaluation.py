@@ -7,9 +7,9 @@ import statistics
 from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:
+    from marl_llm.algos.base import Algorithm
     from marl_llm.episodes import JointNode, JointTree
-    from marl_llm.rollout import HFRollout, SamplingParams
-    from marl_llm.tasks.base import Problem, Task
+    from marl_llm.tasks.base import Problem
 
 __all__ = ["pass_at_k", "mean_pass_at_k", "reward_metrics", "level_metrics", "evaluate"]
 
@@ -48,14 +48,18 @@ def _std(xs: list[float]) -> float:
 
 
 def level_metrics(nodes: "list[JointNode]") -> dict[str, float]:
-    """rewards/<level>/mean, /std and /rate (fraction of joint actions earning credit at that level)."""
+    """rewards/<level>/mean, /std and /rate (fraction of joint actions earning credit at that level);
+    for tasks that report ungated levels also rewards/<level>_ungated/... and reward_ungated."""
     out: dict[str, float] = {}
-    names = list(dict.fromkeys(k for n in nodes for k in n.reward.levels))
-    for name in names:
-        vals = [float(n.reward.levels.get(name, 0.0)) for n in nodes]
-        out[f"rewards/{name}/mean"] = sum(vals) / len(vals)
-        out[f"rewards/{name}/std"] = _std(vals)
-        out[f"rewards/{name}/rate"] = sum(v > 0 for v in vals) / len(vals)
+    for suffix, attr in (("", "levels"), ("_ungated", "ungated")):
+        names = list(dict.fromkeys(k for n in nodes for k in getattr(n.reward, attr)))
+        for name in names:
+            vals = [float(getattr(n.reward, attr).get(name, 0.0)) for n in nodes]
+            out[f"rewards/{name}{suffix}/mean"] = sum(vals) / len(vals)
+            out[f"rewards/{name}{suffix}/std"] = _std(vals)
+            out[f"rewards/{name}{suffix}/rate"] = sum(v > 0 for v in vals) / len(vals)
+    if nodes and all(n.reward.ungated for n in nodes):
+        out["reward_ungated"] = sum(sum(n.reward.ungated.values()) for n in nodes) / len(nodes)
     return out
 
 
@@ -81,40 +85,44 @@ def reward_metrics(tree: "JointTree", shift: float = 0.0) -> dict[str, float]:
     return out
 
 
-def evaluate(task: "Task", rollout: "HFRollout", problems: "list[Problem]", sampling: "list[SamplingParams]",
-             num_turns: int, trainer_cfg: Any) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Greedy pass@1 over `num_turns` turns (with the task's feedback between turns), and sampled
-    pass@k when trainer.eval_num_samples > 0. Returns (metrics, sample rows).
-
-    pass@1 / reward / levels are of the final turn's joint action; turn_<t>/pass@1 tracks each turn.
+def evaluate(algo: "Algorithm", problems: "list[Problem]", trainer_cfg: Any) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Greedy rollout of `algo.eval_turns` turns with the algorithm's own rollout (feedback between
+    turns, or the baselines' sequential / discussion prompts), and sampled pass@k when
+    trainer.eval_num_samples > 0. Returns (metrics, sample rows); every algorithm reports the same
+    metrics. pass@1 / reward / levels are of the final turn's joint action; turn_<t>/... per turn.
     """
     from dataclasses import replace
 
-    from marl_llm.episodes import collect_tree
-
+    task, num_turns, sampling = algo.task, algo.eval_turns, algo.agent_sampling()
     greedy = [replace(s, temperature=0.0) for s in sampling]
-    tree = collect_tree(task, rollout.generate, problems, [1] * num_turns, greedy)
+    tree = algo.rollout_tree(problems, [1] * num_turns, greedy)
     final = _final_nodes(tree)
     metrics: dict[str, float] = {"reward": sum(n.reward.total for n in final) / len(final)}
     metrics.update(level_metrics(final))
+    if num_turns > 1:
+        for t, turn in enumerate(tree.turns):
+            metrics[f"turn_{t + 1}/reward"] = sum(n.reward.total for n in turn) / len(turn)
     if all(n.reward.passed is not None for n in final):
         metrics["pass@1"] = sum(bool(n.reward.passed) for n in final) / len(final)
         for t, turn in enumerate(tree.turns):
             metrics[f"turn_{t + 1}/pass@1"] = sum(bool(n.reward.passed) for n in turn) / len(turn)
     lengths = [len(c.completion_ids) for n in tree.nodes() for c in n.completions]
     metrics["completions/mean_length"] = sum(lengths) / len(lengths)
+    metrics["completions/clipped_ratio"] = sum(c.truncated for n in tree.nodes() for c in n.completions) / len(lengths)
     rows = [{"problem": problems[n.problem].uid, "turn": n.turn + 1, "reward": n.reward.total,
              "passed": n.reward.passed, "levels": n.reward.levels,
+             **{f"{a}/prompt": m for a, m in zip(task.agent_names, n.messages)},
              **{f"{a}/completion": c for a, c in zip(task.agent_names, n.texts)}} for n in final]
 
     n_samples = trainer_cfg.eval_num_samples
     if n_samples > 0:
-        sampled = collect_tree(task, rollout.generate, problems, [n_samples] + [1] * (num_turns - 1), sampling)
+        sampled = algo.rollout_tree(problems, [n_samples] + [1] * (num_turns - 1), sampling)
         final_s = _final_nodes(sampled)
-        per_problem = [(n_samples, sum(bool(n.reward.passed) for n in final_s if n.problem == b))
-                       for b in range(len(problems))]
-        for k in trainer_cfg.eval_k:
-            metrics[f"pass@{k}_sampled" if k == 1 else f"pass@{k}"] = mean_pass_at_k(per_problem, k)
+        if all(n.reward.passed is not None for n in final_s):
+            per_problem = [(n_samples, sum(bool(n.reward.passed) for n in final_s if n.problem == b))
+                           for b in range(len(problems))]
+            for k in trainer_cfg.eval_k:
+                metrics[f"pass@{k}_sampled" if k == 1 else f"pass@{k}"] = mean_pass_at_k(per_problem, k)
         metrics["reward_sampled"] = sum(n.reward.total for n in final_s) / len(final_s)
     return metrics, rows
 

@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from marl_llm.algos import build_algorithm
-from marl_llm.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
-from marl_llm.config import validate
+from marl_llm.algos import algorithm_class, build_algorithm
+from marl_llm.atomic import atomic_write_text
+from marl_llm.checkpoint import load_checkpoint, save_checkpoint
+from marl_llm.config import UserError, validate
 from marl_llm.episodes import JointTree
 from marl_llm.evaluation import evaluate, reward_metrics
 from marl_llm.loggers import RunLogger
@@ -84,11 +85,19 @@ def train(cfg: DictConfig) -> float:
     quiet_libraries()
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    # The resolved config next to the metrics: marl-llm-report reads both (no W&B needed).
+    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     seed_everything(cfg.seed)
     tc = cfg.trainer
 
-    task = build_task(cfg.task)
-    train_set = task.load_split("train")
+    algo_cls = algorithm_class(cfg.algo.name)
+    task = algo_cls.task_view(build_task(cfg.task), cfg.algo)
+    turns = cfg.algo.get("num_turns", 1)
+    if task.max_turns is not None and algo_cls.trainable and turns > task.max_turns:
+        raise UserError(f"task {task.name} is single-turn but algo.num_turns={turns}: set algo.num_turns=1")
+    # Prompt-only baselines are evaluated, never trained.
+    max_steps = tc.max_steps if algo_cls.trainable else 0
+    train_set = task.load_split("train") if max_steps > 0 else []
     eval_set = task.load_split("eval")[: tc.eval_max_problems or None]
     policies = AgentPolicies(task.agent_names, cfg.model, cfg.algo, cfg.seed)
     if tc.gradient_checkpointing:
@@ -110,8 +119,12 @@ def train(cfg: DictConfig) -> float:
           f"{cfg.model.name} [{', '.join(m.get_base_model().name_or_path for m in policies.models)}] "
           f"({policies.device}, {policies.dtype}); run dir {run_dir}", flush=True)
 
+    if not algo_cls.trainable and tc.max_steps > 0:
+        print(f"[marl-llm] algo={cfg.algo.name} is a prompt-only baseline: evaluation only, no training steps",
+              flush=True)
+
     def run_eval(step: int) -> dict[str, float]:
-        metrics, rows = evaluate(task, rollout, eval_set, algo.agent_sampling(), cfg.algo.get("num_turns", 1), tc)
+        metrics, rows = evaluate(algo, eval_set, tc)
         logger.log("eval", metrics, step)
         logger.log_samples("eval", rows[: cfg.logger.sample_rows], step)
         print(f"[marl-llm] eval @ step {step}: " + _fmt(metrics, ("reward", "pass@1")), flush=True)
@@ -123,7 +136,7 @@ def train(cfg: DictConfig) -> float:
             summary["before"] = run_eval(0)
         step_times: list[float] = []
         last_train: dict[str, float] = {}
-        for step in range(start_step, tc.max_steps):
+        for step in range(start_step, max_steps):
             t0 = time.perf_counter()
             problems = batch_for_step(train_set, step, tc.prompts_per_step, cfg.seed)
             tree = algo.collect(problems)
@@ -146,18 +159,19 @@ def train(cfg: DictConfig) -> float:
             logger.log_samples("train", sample_rows(tree, policies.agent_names, cfg.logger.sample_rows), step + 1)
             step_times.append(t_end - t0)
             last_train = metrics
-            print(f"[marl-llm] step {step + 1}/{tc.max_steps}: "
+            print(f"[marl-llm] step {step + 1}/{max_steps}: "
                   + _fmt(metrics, ("reward", "reward_std", "loss", "entropy", "completions/mean_length", "step_time")),
                   flush=True)
 
-            if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.max_steps:
+            if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < max_steps:
                 run_eval(step + 1)
             if tc.save_every and (step + 1) % tc.save_every == 0:
                 save_checkpoint(run_dir, cfg, policies, step + 1, logger.wandb_id)
 
-        final_step = max(tc.max_steps, start_step)
-        save_checkpoint(run_dir, cfg, policies, final_step, logger.wandb_id)
-        if tc.eval_after:
+        final_step = max(max_steps, start_step)
+        if final_step > 0:  # nothing trained, nothing to save
+            save_checkpoint(run_dir, cfg, policies, final_step, logger.wandb_id)
+        if tc.eval_after and (final_step > 0 or summary["before"] is None):
             summary["after"] = run_eval(final_step)
         summary.update(train_reward_first=_first_train_reward(run_dir), train_reward_last=last_train.get("reward"),
                        sec_per_step=(sum(step_times) / len(step_times)) if step_times else None,
@@ -166,9 +180,12 @@ def train(cfg: DictConfig) -> float:
         if tc.summary_file:
             write_summary(Path(tc.summary_file), cfg, summary)
         before, after = summary["before"] or {}, summary["after"] or {}
-        print("[marl-llm] held-out before -> after training: " + "  ".join(
-            f"{k} {before[k]:.3f} -> {after[k]:.3f}" for k in ("pass@1", "reward") if k in before and k in after)
-            + f"  (summary: {tc.summary_file or run_dir / 'summary.json'})", flush=True)
+        if after:
+            shown = "held-out before -> after training: " + "  ".join(
+                f"{k} {before[k]:.3f} -> {after[k]:.3f}" for k in ("pass@1", "reward") if k in before and k in after)
+        else:
+            shown = "held-out, no training: " + "  ".join(f"{k} {before[k]:.3f}" for k in ("pass@1", "reward") if k in before)
+        print(f"[marl-llm] {shown}  (summary: {tc.summary_file or run_dir / 'summary.json'})", flush=True)
         exit_code = 0
     finally:
         logger.finish(exit_code)

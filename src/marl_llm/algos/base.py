@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from marl_llm.episodes import JointTree
+from marl_llm.episodes import JointNode, JointTree, collect_tree
 from marl_llm.models import AgentPolicies
 from marl_llm.registry import registrar
 from marl_llm.rollout import Completion, HFRollout, SamplingParams
@@ -39,6 +39,14 @@ class AgentBatch:
 
 
 class Algorithm(ABC):
+    # False: a prompt-only baseline; the trainer evaluates it and skips training.
+    trainable: bool = True
+
+    @classmethod
+    def task_view(cls, task: Task, cfg: Any) -> Task:
+        """The task as this algorithm's agents see it (algo=single: one agent doing every part)."""
+        return task
+
     def __init__(self, cfg: Any, task: Task, policies: AgentPolicies, rollout: HFRollout,
                  micro_batch_size: int = 8):
         self.cfg = cfg
@@ -53,6 +61,16 @@ class Algorithm(ABC):
         over = self.cfg.get("agent_sampling") or {}
         return [SamplingParams.from_cfg(self.cfg.sampling, **dict(over.get(name, {})))
                 for name in self.task.agent_names]
+
+    @property
+    def eval_turns(self) -> int:
+        """Turns of an evaluation rollout (the final turn's joint action is scored)."""
+        return int(self.cfg.get("num_turns", 1))
+
+    def rollout_tree(self, problems: list[Problem], widths: list[int], sampling: list[SamplingParams],
+                     terminate: Callable[[JointNode], bool] | None = None, joint_mode: str = "align") -> JointTree:
+        """The algorithm's joint rollout, shared by training and evaluation (baselines override it)."""
+        return collect_tree(self.task, self.rollout.generate, problems, widths, sampling, joint_mode, terminate)
 
     @abstractmethod
     def collect(self, problems: list[Problem]) -> JointTree:
@@ -74,9 +92,14 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
 register_algorithm = registrar(ALGORITHMS, "algorithm")
 
 
+def algorithm_class(name: str) -> type[Algorithm]:
+    import_submodules("marl_llm.algos")
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algo.name={name!r}; registered: {sorted(ALGORITHMS)}")
+    return ALGORITHMS[name]  # type: ignore[return-value]
+
+
 def build_algorithm(cfg: Any, task: Task, policies: AgentPolicies, rollout: HFRollout,
                     micro_batch_size: int = 8) -> Algorithm:
-    import_submodules("marl_llm.algos")
-    if cfg.name not in ALGORITHMS:
-        raise ValueError(f"unknown algo.name={cfg.name!r}; registered: {sorted(ALGORITHMS)}")
-    return ALGORITHMS[cfg.name](cfg, task, policies, rollout, micro_batch_size)
+    """`task` as returned by `algorithm_class(cfg.name).task_view(...)`."""
+    return algorithm_class(cfg.name)(cfg, task, policies, rollout, micro_batch_size)

@@ -14,7 +14,7 @@ import torch
 from marl_llm.algos.advantages import per_agent_advantages, tree_advantages
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.losses import k3_kl, policy_loss
-from marl_llm.episodes import JointNode, JointTree, collect_tree
+from marl_llm.episodes import JointNode, JointTree
 from marl_llm.rollout import Completion, completion_logprobs
 from marl_llm.tasks.base import Problem
 
@@ -39,8 +39,8 @@ class MAGRPO(Algorithm):
             def terminate(node: JointNode) -> bool:
                 return node.reward.total + shift >= threshold
 
-        return collect_tree(self.task, self.rollout.generate, problems, [a.num_generations] * a.num_turns,
-                            self.agent_sampling(), a.joint_mode, terminate)
+        return self.rollout_tree(problems, [a.num_generations] * a.num_turns, self.agent_sampling(), terminate,
+                                 a.joint_mode)
 
     # ------------------------------------------------------------------------------ advantages
     def advantages(self, tree: JointTree) -> list[AgentBatch]:

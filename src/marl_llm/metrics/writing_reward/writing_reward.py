@@ -1,0 +1,43 @@
+"""Writing reward levels (TLDR summarization / arXiv expansion) as an `evaluate` metric.
+
+Config name `tldr` (default) or `arxiv` picks the task's bands, the same defaults as
+conf/task/<name>.yaml. Inputs: `first` (agent 1's texts) and `second` (agent 2's texts).
+Returns the mean total `reward` (max 3.0), `reward_ungated`, every level gated and ungated
+(`structure`, `structure_ungated`, ...), and `rewards` (the per-example totals).
+"""
+
+import datasets
+import evaluate
+
+from marl_llm.tasks.writing_reward import LEVEL_MAX, WritingRewardSpec, score_writing
+
+SPECS = {
+    "tldr": WritingRewardSpec(),
+    "arxiv": WritingRewardSpec(words=(128, 256), length_ratio=(0.8, 1.3, 1.6, 2.0),
+                               vocabulary_ratio=(0.5, 0.7, 1.3, 1.7), jaccard_cap=0.23, transitions_in="both"),
+}
+
+
+class WritingReward(evaluate.Metric):
+    def _info(self):
+        return evaluate.MetricInfo(
+            description=__doc__,
+            citation="Liu et al., LLM Collaboration With Multi-Agent Reinforcement Learning, arXiv 2508.04652",
+            inputs_description="first: list of agent-1 texts; second: list of agent-2 texts; "
+                               "transition_form: 'linear' (default) or 'log'",
+            features=datasets.Features({"first": datasets.Value("string"), "second": datasets.Value("string")}),
+        )
+
+    def _compute(self, first, second, transition_form="linear"):
+        name = self.config_name if self.config_name in SPECS else "tldr"
+        spec = SPECS[name]
+        spec = WritingRewardSpec(**{**spec.__dict__, "transition_form": transition_form})
+        scores = [score_writing(a, b, spec) for a, b in zip(first, second)]
+        n = max(len(scores), 1)
+        out = {"reward": sum(s.total for s in scores) / n,
+               "reward_ungated": sum(sum(s.ungated.values()) for s in scores) / n}
+        for level in LEVEL_MAX:
+            out[level] = sum(s.levels[level] for s in scores) / n
+            out[f"{level}_ungated"] = sum(s.ungated[level] for s in scores) / n
+        out["rewards"] = [s.total for s in scores]
+        return out

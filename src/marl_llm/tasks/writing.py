@@ -1,0 +1,107 @@
+"""Writing tasks with two cooperating agents, one turn, scored by `writing_reward` (max 3.0).
+
+- `task=tldr`: a Reddit post (trl-lib/tldr, field `prompt`). Agent `concise` writes a short
+  factual summary; agent `detailed` a longer one with more unique words and transition words.
+- `task=arxiv`: an abstract (OpenMLRL/arXiv_abstract, field `abstract_text`). Agent `background`
+  writes introduction content on background and motivation; agent `methods` on methodology and
+  implications; each is told what the other covers.
+
+Data: `task.data` (see marl_llm.tasks.data); the offline samples were written for this project.
+The single-agent baseline (`algo=single`) writes both parts in one answer, separated by the
+line SINGLE_SEPARATOR; a missing separator leaves part 2 empty (structure fails: reward 0).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+from marl_llm.tasks.base import JointReward, Problem, Task, register_task
+from marl_llm.tasks.writing_reward import WritingRewardSpec, score_writing
+
+SINGLE_SEPARATOR = "[PART 2]"
+_PART1 = re.compile(r"^\s*\[PART 1\]\s*", re.IGNORECASE)
+
+
+class WritingTask(Task):
+    """Two writers, one turn. Subclasses set the agent names and the three prompt texts."""
+
+    # Role instructions of agent 1 and agent 2, and of the single agent doing both.
+    roles: ClassVar[tuple[str, str]] = ("", "")
+    single_role: ClassVar[str] = ""
+    source_label: ClassVar[str] = "text"
+    max_turns = 1
+
+    def __init__(self, cfg: Any):
+        super().__init__(cfg)
+        self.required_fields = (str(cfg.text_field),)
+        self.spec = WritingRewardSpec.from_cfg(cfg.reward)
+
+    def source_text(self, problem: Problem) -> str:
+        return str(problem.data[self.cfg.text_field]).strip()
+
+    def _prompt(self, problem: Problem, instruction: str) -> str:
+        return f"{instruction}\n\n{self.source_label}:\n{self.source_text(problem)}"
+
+    def initial_prompts(self, problem: Problem) -> list[str]:
+        return [self._prompt(problem, role) for role in self.roles]
+
+    def joint_rewards(self, problems: list[Problem], joint_actions: list[list[str]]) -> list[JointReward]:
+        if len(problems) != len(joint_actions):
+            raise ValueError(f"{len(problems)} problems but {len(joint_actions)} joint actions")
+        out = []
+        for actions in joint_actions:
+            if len(actions) != 2:
+                raise ValueError(f"expected 2 actions ({', '.join(self.agent_names)}), got {len(actions)}")
+            out.append(score_writing(actions[0].strip(), actions[1].strip(), self.spec))
+        return out
+
+    # -- the single-agent baseline ---------------------------------------------------------------
+    def single_prompt(self, problem: Problem) -> str:
+        return self._prompt(problem, self.single_role)
+
+    def split_single(self, text: str) -> list[str]:
+        head, sep, tail = text.partition(SINGLE_SEPARATOR)
+        return [_PART1.sub("", head).strip(), tail.strip() if sep else ""]
+
+
+@register_task("tldr")
+class TLDRTask(WritingTask):
+    agent_names = ("concise", "detailed")
+    source_label = "Reddit post"
+    roles = (
+        "Write a concise summary of the Reddit post below: one or a few sentences stating only the key facts. "
+        "Another writer produces a longer, detailed summary. Output only your summary.",
+        "Write a detailed summary of the Reddit post below. Use a rich vocabulary with many different words and "
+        "connect the ideas with transition words (for example, however, therefore, in addition). Another writer "
+        "produces a one-sentence summary; yours should be clearly longer. Output only your summary.",
+    )
+    single_role = (
+        "Write two summaries of the Reddit post below. First a concise summary: one or a few sentences with "
+        f"only the key facts. Then a line containing only {SINGLE_SEPARATOR}, then a detailed, clearly longer "
+        "summary with a rich vocabulary and transition words (for example, however, therefore). Output only the "
+        "two summaries."
+    )
+
+    def source_text(self, problem: Problem) -> str:
+        # trl-lib/tldr prompts end with "TL;DR:" (a completion cue for base models): drop it.
+        return re.sub(r"\s*TL;DR:\s*$", "", super().source_text(problem))
+
+
+@register_task("arxiv")
+class ArxivTask(WritingTask):
+    agent_names = ("background", "methods")
+    source_label = "Abstract"
+    roles = (
+        "Based on the abstract below, write the introduction's content on the background and motivation of the "
+        "work (150-250 words). Another writer covers the methodology and implications: do not repeat them. "
+        "Output only your paragraph.",
+        "Based on the abstract below, write the introduction's content on the methodology and the implications "
+        "of the work (150-250 words). Another writer covers the background and motivation: do not repeat them. "
+        "Output only your paragraph.",
+    )
+    single_role = (
+        "Based on the abstract below, write an introduction in two parts. First a paragraph on the background "
+        f"and motivation (150-250 words), then a line containing only {SINGLE_SEPARATOR}, then a paragraph on the "
+        "methodology and implications (150-250 words). Output only the two paragraphs."
+    )
