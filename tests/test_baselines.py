@@ -94,6 +94,13 @@ def test_single_agent_trains_with_grpo(tiny_model_dir, tmp_path):
     assert all("single/completion" in s and "[PART 2]" in s["single/prompt"] for s in samples)
 
 
+def test_max_steps_zero_evaluates_magrpo_without_training(tiny_model_dir, tmp_path):
+    summary, metrics, _ = run(tiny_model_dir, tmp_path, "magrpo", "coophumaneval", "trainer.max_steps=0")
+    assert summary["steps"] == 0 and summary["before"]["reward"] == metrics[0]["eval/reward"]
+    assert [row["step"] for row in metrics] == [0] and "eval/pass@1" in metrics[0]
+    assert not (tmp_path / "checkpoint.pt").exists()
+
+
 def test_multi_turn_on_a_single_turn_task_fails_early(tiny_model_dir, tmp_path):
     from marl_llm.config import UserError
 

@@ -109,6 +109,23 @@ def test_embedded_model_one_step(tmp_path):
     assert 0.0 <= train_row["train/reward"] <= 4.0 and train_row["train/aux/num_tokens"] > 0
 
 
+def test_embedded_model_tldr_step_and_report(tmp_path):
+    """TLDR on the embedded model from the offline sample, then marl-llm-report on the run."""
+    run_dir = tmp_path / "runs" / "magrpo"
+    out = run([CLI, "algo=magrpo", "task=tldr", "algo.num_turns=1", "logger=none", "algo.num_generations=2",
+               "algo.sampling.max_new_tokens=16", "trainer.max_steps=1", "trainer.eval_max_problems=1",
+               f"hydra.run.dir={run_dir}"], tmp_path, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "data for task tldr: packaged (hub dataset trl-lib/tldr not reachable" in out.stdout
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_row = next(r for r in rows if "train/reward" in r)
+    assert 0.0 <= train_row["train/reward"] <= 3.0 and "train/rewards/length_ungated/mean" in train_row
+    report = run([str(VENV_BIN / "marl-llm-report"), str(tmp_path / "runs"), "--out", str(tmp_path / "out")], tmp_path)
+    assert report.returncode == 0, report.stderr
+    table = (tmp_path / "out" / "tldr.md").read_text()
+    assert "| magrpo | 1 | 1 |" in table and (tmp_path / "out" / "tldr_eval_reward.png").is_file()
+
+
 def test_unreachable_wandb_never_stops_training(tiny_model_dir, tmp_path):
     """logger.mode=online with no API key (and no network): a warning, then training as usual."""
     run_dir = tmp_path / "run"
