@@ -62,7 +62,7 @@ def tiny_overrides(model_dir: Path, run_dir: Path, *extra: str) -> list[str]:
 
 
 def make_policies(model_dir: Path, agents=("aux", "main"), adapters: str = "per_agent", agent_bases=None,
-                  lr: float = 1e-2, seed: int = 0):
+                  lr: float = 1e-2, seed: int = 0, policy_map=None):
     """AgentPolicies on the tiny model, with LoRA B matrices made non-zero so adapters matter."""
     import torch
     from omegaconf import OmegaConf
@@ -72,7 +72,7 @@ def make_policies(model_dir: Path, agents=("aux", "main"), adapters: str = "per_
     model_cfg = OmegaConf.create(dict(name="tiny", path=str(model_dir), embedded=False, hub_id=None, dtype="auto",
                                       device="cpu", attn_implementation="sdpa", trust_remote_code=False,
                                       agent_bases=agent_bases))
-    algo_cfg = OmegaConf.create(dict(adapters=adapters, learning_rate=lr, weight_decay=0.0,
+    algo_cfg = OmegaConf.create(dict(adapters=adapters, learning_rate=lr, weight_decay=0.0, policy_map=policy_map or {},
                                      lora=dict(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])))
     policies = AgentPolicies(tuple(agents), model_cfg, algo_cfg, seed)
     gen = torch.Generator().manual_seed(seed)

@@ -13,6 +13,7 @@ import importlib.util
 import sys
 import typing
 from pathlib import Path
+from typing import Any, Dict
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -50,41 +51,69 @@ def _hydra_main(cfg: DictConfig) -> float:
         sys.exit(2)
 
 
-def unknown_key_error(args: list[str]) -> str | None:
-    """Hydra rejects a misspelled key without naming the valid ones; say them (and the likely
-    intended key) before Hydra runs. Keys of groups chosen by an experiment preset are left to
-    Hydra, whose own error still stops the run."""
+def _chosen_schemas(args: list[str]) -> tuple[dict[str, Any], bool]:
+    """Top-level schema per config group for these overrides, and whether a preset is chosen."""
     chosen = {"algo": "magrpo", "task": "humaneval"}
     for a in args:
         group, _, option = a.partition("=")
         if group in chosen:
             chosen[group] = option
-    fixed = {"model": ModelConfig, "logger": LoggerConfig, "trainer": TrainerConfig}
-    preset = any(a.startswith("experiment=") for a in args)
+    schemas: dict[str, Any] = {"model": ModelConfig, "logger": LoggerConfig, "trainer": TrainerConfig}
+    schemas["algo"] = ALGO_SCHEMAS.get(chosen["algo"])
+    schemas["task"] = TASK_SCHEMAS.get(chosen["task"])
+    return schemas, any(a.startswith("experiment=") for a in args)
+
+
+def _walk(key: str, schemas: dict[str, Any], preset: bool) -> tuple[str, Any, str | None]:
+    """Follow a dotted key through the schemas: ("ok" | "map" | "unknown" | "skip", ..., error)."""
+    parts = key.split(".")
+    head = parts[0]
+    if head not in schemas or (preset and head in ("algo", "task")):
+        return "skip", None, None
+    schema, path = schemas[head], head
+    for part in parts[1:]:
+        if typing.get_origin(schema) is dict or schema in (dict, Dict):
+            return "map", schema, None
+        if schema is None or not dataclasses.is_dataclass(schema):
+            return "skip", None, None
+        names = [f.name for f in dataclasses.fields(schema)]
+        if part not in names:
+            close = difflib.get_close_matches(part, names, n=1)
+            hint = f" Did you mean {path}.{close[0]}?" if close else ""
+            return "unknown", None, (f"unknown config key {path}.{part} ({schema.__name__}).{hint} "
+                                     f"Valid keys of {path}: {', '.join(names)}")
+        schema = typing.get_type_hints(schema).get(part)
+        if typing.get_origin(schema) is typing.Union:  # Optional[Dict[...]]
+            schema = next((t for t in typing.get_args(schema) if t is not type(None)), schema)
+        path = f"{path}.{part}"
+    return ("map" if typing.get_origin(schema) is dict else "ok"), schema, None
+
+
+def unknown_key_error(args: list[str]) -> str | None:
+    """Hydra rejects a misspelled key without naming the valid ones; say them (and the likely
+    intended key) before Hydra runs. Keys of groups chosen by an experiment preset are left to
+    Hydra, whose own error still stops the run."""
+    schemas, preset = _chosen_schemas(args)
     for a in args:
         if a.startswith(("-", "+", "~", "hydra.")) or "=" not in a:
             continue
-        parts = a.split("=", 1)[0].split(".")
-        head = parts[0]
-        if head in fixed:
-            schema = fixed[head]
-        elif head in chosen and not preset:
-            schema = {"algo": ALGO_SCHEMAS, "task": TASK_SCHEMAS}[head].get(chosen[head])
-        else:
-            continue
-        path = head
-        for part in parts[1:]:
-            if schema is None or not dataclasses.is_dataclass(schema):
-                break
-            names = [f.name for f in dataclasses.fields(schema)]
-            if part not in names:
-                close = difflib.get_close_matches(part, names, n=1)
-                hint = f" Did you mean {path}.{close[0]}?" if close else ""
-                return (f"unknown config key {path}.{part} ({schema.__name__}).{hint} "
-                        f"Valid keys of {path}: {', '.join(names)}")
-            schema = typing.get_type_hints(schema).get(part)
-            path = f"{path}.{part}"
+        kind, _, err = _walk(a.split("=", 1)[0], schemas, preset)
+        if kind == "unknown":
+            return err
     return None
+
+
+def map_overrides(args: list[str]) -> list[str]:
+    """`algo.policy_map={tool:a,plan:b}` or `task.data.files.train=x.jsonl`: keys of a map field
+    (empty by default) are new to Hydra's struct config, which would refuse them; `++` sets them."""
+    schemas, preset = _chosen_schemas(args)
+    out = []
+    for a in args:
+        if not a.startswith(("-", "+", "~", "hydra.")) and "=" in a:
+            if _walk(a.split("=", 1)[0], schemas, preset)[0] == "map":
+                a = "++" + a
+        out.append(a)
+    return out
 
 
 def main() -> None:
@@ -92,6 +121,7 @@ def main() -> None:
     if err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    sys.argv[1:] = map_overrides(sys.argv[1:])
     _hydra_main()
 
 

@@ -112,6 +112,44 @@ class MAGRPOConfig:
 
 
 @dataclass
+class ATGRPOConfig:
+    """AT-GRPO (arXiv 2510.11062): tree sampling per agent and turn, groups keyed by
+    (environment, agent, turn), reward alpha * team + local, PPO clipped surrogate."""
+
+    name: str = "at_grpo"
+    # K: candidates per agent at every turn, from the same state.
+    num_branches: int = 4
+    # Turns per episode (turn-based tasks use task.max_turns; joint-reward tasks this).
+    num_turns: int = 1
+    # Score of a candidate: alpha * team reward + the agent's local (role) reward.
+    alpha: float = 1.0
+    # best: continue from the highest-scoring candidate (greedy); random: from a random one.
+    select: str = "best"
+    # Advantage (r - mean) / (std + eps) within a group; std unbiased (as in verl) or population.
+    eps: float = 1.0e-6
+    unbiased_std: bool = True
+    # Drop groups whose rewards are all equal (no signal), and/or the lowest-mean fraction of groups.
+    filter_zero_std: bool = False
+    filter_low_mean_frac: float = 0.0
+    learning_rate: float = 5.0e-6
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    # Policies: per_agent (one adapter per role) | shared (one adapter); or an explicit map
+    # from agent name to policy name, e.g. {tool: coder, plan: coder} (overrides `adapters`).
+    adapters: str = "shared"
+    policy_map: Dict[str, str] = field(default_factory=dict)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    # PPO clipped surrogate with token-mean aggregation over `ppo_epochs` passes; each pass cut
+    # into mini-batches of `mini_batch_size` samples (one optimizer step each; null: one step).
+    clip_eps: float = 0.2
+    ppo_epochs: int = 1
+    mini_batch_size: Optional[int] = 16
+    loss_aggregation: str = "token_mean"
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    agent_sampling: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class SingleConfig(MAGRPOConfig):
     """One agent does the whole job (both parts in one answer), scored by the same joint reward
     and trained with GRPO (= MAGRPO with one agent)."""
@@ -208,6 +246,29 @@ class WritingTaskConfig:
     reward_shift: float = 0.0
 
 
+@dataclass
+class GridGameTaskConfig:
+    """Sokoban / Plan-Path with a tool agent and a planning agent (marl_llm.tasks.grid_games)."""
+
+    name: str = MISSING
+    # Map side (Sokoban: including the outer wall) and, for Sokoban, the number of boxes.
+    size: int = 5
+    num_boxes: int = 1
+    # Plan-Path: probability that a cell is a wall.
+    wall_prob: float = 0.22
+    # Moves before the episode ends as a failure, and turns per episode.
+    max_moves: int = 200
+    max_turns: int = 4
+    # Training levels: seeds 0 .. num_train_levels-1 (new levels every step); evaluation: the
+    # fixed levels eval_seed .. eval_seed + num_eval_levels - 1.
+    num_train_levels: int = 100000
+    eval_seed: int = 100000
+    num_eval_levels: int = 100
+    reward_shift: float = 0.0
+    # The tool agent's programs run here (timeout per program).
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+
+
 # --------------------------------------------------------------------------------------- logger
 @dataclass
 class LoggerConfig:
@@ -264,9 +325,11 @@ class RootConfig:
 
 # Group option schemas. A new algorithm or task registers its dataclass here, next to its YAML.
 ALGO_SCHEMAS: dict[str, type] = {"magrpo": MAGRPOConfig, "single": SingleConfig, "parallel": PromptBaselineConfig,
-                                 "sequential": PromptBaselineConfig, "discussion": PromptBaselineConfig}
+                                 "sequential": PromptBaselineConfig, "discussion": PromptBaselineConfig,
+                                 "at_grpo": ATGRPOConfig}
 TASK_SCHEMAS: dict[str, type] = {"humaneval": HumanEvalTaskConfig, "coophumaneval": CoopHumanEvalTaskConfig,
-                                 "tldr": WritingTaskConfig, "arxiv": WritingTaskConfig}
+                                 "tldr": WritingTaskConfig, "arxiv": WritingTaskConfig,
+                                 "sokoban": GridGameTaskConfig, "plan_path": GridGameTaskConfig}
 
 
 def register_configs() -> None:
@@ -333,6 +396,18 @@ def validate(cfg: DictConfig) -> None:
         _check(a.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
         _check(a.lora.r >= 1, "algo.lora.r", "must be >= 1")
         _check(len(a.lora.target_modules) > 0, "algo.lora.target_modules", "name at least one module")
+    if a.name == "at_grpo":
+        _choice(cfg, "algo.select", ("best", "random"))
+        _choice(cfg, "algo.adapters", ("per_agent", "shared"))
+        _choice(cfg, "algo.loss_aggregation", ("token_mean", "seq_sum"))
+        _check(a.num_branches >= 2, "algo.num_branches", "K must be >= 2: a group of one has no advantage")
+        _check(a.num_turns >= 1, "algo.num_turns", "must be >= 1")
+        _check(a.eps > 0, "algo.eps", "must be > 0")
+        _check(0.0 <= a.filter_low_mean_frac < 1.0, "algo.filter_low_mean_frac", "must be in [0, 1)")
+        _check(a.learning_rate > 0, "algo.learning_rate", f"{a.learning_rate} must be > 0")
+        _check(a.clip_eps > 0, "algo.clip_eps", "must be > 0")
+        _check(a.ppo_epochs >= 1, "algo.ppo_epochs", "must be >= 1")
+        _check(a.mini_batch_size is None or a.mini_batch_size >= 1, "algo.mini_batch_size", "must be >= 1 or null")
     if "sampling" in a:
         _check_sampling("algo.sampling", a.sampling)
         for agent, over in a.agent_sampling.items():

@@ -64,6 +64,7 @@ def collect_tree(
     terminate: Callable[[JointNode], bool] | None = None,
     order: str = "parallel",
     next_prompts: NextPrompts | None = None,
+    expand: Callable[[list[JointNode]], list[JointNode]] | None = None,
 ) -> JointTree:
     """Roll out `len(widths)` turns for every problem; see the module docstring.
 
@@ -72,6 +73,8 @@ def collect_tree(
         `task.sequential_prompt`; one generate call per agent).
     next_prompts: how a turn's prompts follow from the previous one (default: the task's
         environment feedback, `task.next_prompts`).
+    expand: which of a parent's non-terminated children are expanded in the next turn (default:
+        all; AT-GRPO's greedy continuation keeps the best one).
     """
     if order not in ("parallel", "sequential"):
         raise ValueError(f"order={order!r}: expected parallel or sequential")
@@ -116,6 +119,14 @@ def collect_tree(
             n.reward = r
             n.terminated = t == len(widths) - 1 or (terminate is not None and terminate(n))
         turns.append(nodes)
-        frontier = [(n.problem, j, next_prompts(problems[n.problem], n.histories, n.reward), n.histories)
-                    for j, n in enumerate(nodes) if not n.terminated]
+        keep = [n for n in nodes if not n.terminated]
+        if expand is not None:
+            siblings: dict[int, list[JointNode]] = {}
+            for n in keep:
+                siblings.setdefault((n.problem, n.parent), []).append(n)
+            keep_ids = {id(n) for group in siblings.values() for n in expand(group)}
+            keep = [n for n in keep if id(n) in keep_ids]
+        index = {id(n): j for j, n in enumerate(nodes)}
+        frontier = [(n.problem, index[id(n)], next_prompts(problems[n.problem], n.histories, n.reward), n.histories)
+                    for n in keep]
     return JointTree(problems, turns)

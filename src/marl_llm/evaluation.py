@@ -102,10 +102,11 @@ def evaluate(algo: "Algorithm", problems: "list[Problem]", trainer_cfg: Any) -> 
     if num_turns > 1:
         for t, turn in enumerate(tree.turns):
             metrics[f"turn_{t + 1}/reward"] = sum(n.reward.total for n in turn) / len(turn)
+    success = getattr(task, "success_metric", "pass@1")  # turn-based tasks: success_rate
     if all(n.reward.passed is not None for n in final):
-        metrics["pass@1"] = sum(bool(n.reward.passed) for n in final) / len(final)
+        metrics[success] = sum(bool(n.reward.passed) for n in final) / len(final)
         for t, turn in enumerate(tree.turns):
-            metrics[f"turn_{t + 1}/pass@1"] = sum(bool(n.reward.passed) for n in turn) / len(turn)
+            metrics[f"turn_{t + 1}/{success}"] = sum(bool(n.reward.passed) for n in turn) / len(turn)
     lengths = [len(c.completion_ids) for n in tree.nodes() for c in n.completions]
     metrics["completions/mean_length"] = sum(lengths) / len(lengths)
     metrics["completions/clipped_ratio"] = sum(c.truncated for n in tree.nodes() for c in n.completions) / len(lengths)
@@ -115,7 +116,7 @@ def evaluate(algo: "Algorithm", problems: "list[Problem]", trainer_cfg: Any) -> 
              **{f"{a}/completion": c for a, c in zip(task.agent_names, n.texts)}} for n in final]
 
     n_samples = trainer_cfg.eval_num_samples
-    if n_samples > 0:
+    if n_samples > 0 and success == "pass@1":
         sampled = algo.rollout_tree(problems, [n_samples] + [1] * (num_turns - 1), sampling)
         final_s = _final_nodes(sampled)
         if all(n.reward.passed is not None for n in final_s):

@@ -186,6 +186,15 @@ class AgentPolicies:
         shared = algo_cfg.adapters == "shared"
         if shared and len(bases) > 1:
             raise UserError("algo.adapters=shared needs one base model: unset model.agent_bases")
+        # An explicit agent -> policy map (AT-GRPO's sigma) overrides `adapters`.
+        policy_map = dict(algo_cfg.get("policy_map") or {})
+        if policy_map:
+            if set(policy_map) != set(agent_names):
+                raise UserError(f"algo.policy_map maps {sorted(policy_map)} but the agents are {list(agent_names)}: "
+                                "give every agent exactly one policy name")
+            if len(bases) > 1 and len(set(policy_map.values())) < len(agent_names):
+                raise UserError("agents on different base models (model.agent_bases) cannot share a policy")
+        self.seed = seed
         lora = LoraConfig(r=algo_cfg.lora.r, lora_alpha=algo_cfg.lora.alpha, lora_dropout=algo_cfg.lora.dropout,
                           target_modules=list(algo_cfg.lora.target_modules), task_type="CAUSAL_LM")
         self.models, self.tokenizers, self.agents = [], [], []
@@ -197,7 +206,9 @@ class AgentPolicies:
                                 "list the model's linear layers (e.g. q_proj, v_proj)")
             # Agents on this base: all of them with one shared base, else agent k alone.
             names = agent_names if len(bases) == 1 else (agent_names[k],)
-            adapters = ["shared"] if shared else [f"agent_{n}" for n in names]
+            adapter_of = {n: (f"policy_{policy_map[n]}" if policy_map else "shared" if shared else f"agent_{n}")
+                          for n in names}
+            adapters = list(dict.fromkeys(adapter_of.values()))
             torch.manual_seed(seed + 1000 * k)  # LoRA A matrices are random: seed them
             model = get_peft_model(base, lora, adapter_name=adapters[0])
             for a in adapters[1:]:
@@ -205,7 +216,7 @@ class AgentPolicies:
             model.eval()
             self.models.append(model)
             self.tokenizers.append(tok)
-            self.agents.extend(Agent(n, k, adapters[0] if shared else f"agent_{n}") for n in names)
+            self.agents.extend(Agent(n, k, adapter_of[n]) for n in names)
         self.eos_ids = [eos_token_ids(m, t) for m, t in zip(self.models, self.tokenizers)]
         # Each adapter's LoRA weights by name, found once: "<...>.<adapter>.<...>lora_<A|B>..."
         self._adapter_params = {
@@ -231,6 +242,14 @@ class AgentPolicies:
 
     def agents_of(self, key: tuple[int, str]) -> list[int]:
         return [i for i, a in enumerate(self.agents) if (a.model_index, a.adapter) == key]
+
+    def policy_label(self, key: tuple[int, str]) -> str:
+        """The metric segment of an adapter: the agent's name, `shared`, or the policy_map name."""
+        adapter = key[1]
+        if adapter.startswith("policy_"):
+            return adapter.removeprefix("policy_")
+        agents = self.agents_of(key)
+        return "shared" if len(agents) > 1 or adapter == "shared" else self.agents[agents[0]].name
 
     def adapter_parameters(self, model_index: int, adapter: str) -> list[torch.nn.Parameter]:
         """The LoRA weights of one adapter (made trainable; everything else stays frozen)."""

@@ -1013,3 +1013,13 @@ def run_tests_many(
         return [run_tests(p, t, e, limits) for p, t, e in jobs]
     with ThreadPoolExecutor(max_workers=min(workers, len(jobs)), thread_name_prefix="sandbox") as pool:
         return list(pool.map(lambda job: run_tests(job[0], job[1], job[2], limits), jobs))
+
+
+# A test file with no tests: the harness runs the program and reports nothing else.
+_NO_TESTS = "def check(candidate):\n    pass\n"
+
+
+def run_programs(programs: list[str], limits: SandboxLimits | None = None, workers: int = 2) -> list[TestOutcome]:
+    """Run each program for its output alone (e.g. a tool agent's script that prints moves), with
+    the same isolation and limits as the tests; read `.stdout`, `.stderr` and `.status`."""
+    return run_tests_many([(p, _NO_TESTS, "__program__") for p in programs], limits, workers)

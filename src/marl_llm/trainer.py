@@ -29,11 +29,12 @@ from marl_llm.atomic import atomic_write_text
 from marl_llm.checkpoint import load_checkpoint, save_checkpoint
 from marl_llm.config import UserError, validate
 from marl_llm.episodes import JointTree
-from marl_llm.evaluation import evaluate, reward_metrics
+from marl_llm.evaluation import evaluate
 from marl_llm.loggers import RunLogger
 from marl_llm.models import AgentPolicies
 from marl_llm.rollout import HFRollout
 from marl_llm.tasks import Problem, build_task
+from marl_llm.tasks.turn_based import TurnTask
 
 
 def quiet_libraries() -> None:
@@ -92,6 +93,9 @@ def train(cfg: DictConfig) -> float:
 
     algo_cls = algorithm_class(cfg.algo.name)
     task = algo_cls.task_view(build_task(cfg.task), cfg.algo)
+    if isinstance(task, TurnTask) and not algo_cls.supports_turn_tasks:
+        raise UserError(f"algo={cfg.algo.name} does not play turn-based tasks ({task.name}) yet: use algo=at_grpo "
+                        "(trainer.max_steps=0 evaluates the untrained team)")
     turns = cfg.algo.get("num_turns", 1)
     if task.max_turns is not None and algo_cls.trainable and turns > task.max_turns:
         raise UserError(f"task {task.name} is single-turn but algo.num_turns={turns}: set algo.num_turns=1")
@@ -127,7 +131,7 @@ def train(cfg: DictConfig) -> float:
         metrics, rows = evaluate(algo, eval_set, tc)
         logger.log("eval", metrics, step)
         logger.log_samples("eval", rows[: cfg.logger.sample_rows], step)
-        print(f"[marl-llm] eval @ step {step}: " + _fmt(metrics, ("reward", "pass@1")), flush=True)
+        print(f"[marl-llm] eval @ step {step}: " + _fmt(metrics, ("reward", "pass@1", "success_rate")), flush=True)
         return metrics
 
     exit_code = 1
@@ -146,9 +150,9 @@ def train(cfg: DictConfig) -> float:
             rollout.update_weights()
             t_end = time.perf_counter()
 
-            metrics = reward_metrics(tree, task.cfg.reward_shift)
+            metrics = algo.rollout_metrics(tree)
             metrics.update(stats)
-            metrics.update(_agent_means(stats, policies.agent_names))
+            metrics.update(_agent_means(stats, [policies.policy_label(k) for k in policies.trainable_adapters()]))
             metrics["step_time"] = t_end - t0
             metrics["perf/time_per_step"] = t_end - t0
             metrics["timing/rollout"] = t_rollout - t0
@@ -182,9 +186,9 @@ def train(cfg: DictConfig) -> float:
         before, after = summary["before"] or {}, summary["after"] or {}
         if after:
             shown = "held-out before -> after training: " + "  ".join(
-                f"{k} {before[k]:.3f} -> {after[k]:.3f}" for k in ("pass@1", "reward") if k in before and k in after)
+                f"{k} {before[k]:.3f} -> {after[k]:.3f}" for k in ("pass@1", "success_rate", "reward") if k in before and k in after)
         else:
-            shown = "held-out, no training: " + "  ".join(f"{k} {before[k]:.3f}" for k in ("pass@1", "reward") if k in before)
+            shown = "held-out, no training: " + "  ".join(f"{k} {before[k]:.3f}" for k in ("pass@1", "success_rate", "reward") if k in before)
         print(f"[marl-llm] {shown}  (summary: {tc.summary_file or run_dir / 'summary.json'})", flush=True)
         exit_code = 0
     finally:
@@ -193,12 +197,12 @@ def train(cfg: DictConfig) -> float:
     return float(final.get("pass@1", final.get("reward", 0.0)))
 
 
-def _agent_means(stats: dict[str, float], agents: list[str]) -> dict[str, float]:
-    """Team-level TRL names (`loss`, `entropy`, ...) as the mean over the agents' values."""
+def _agent_means(stats: dict[str, float], policies: list[str]) -> dict[str, float]:
+    """Team-level TRL names (`loss`, `entropy`, ...) as the mean over the policies' values."""
     out: dict[str, list[float]] = {}
     for key, v in stats.items():
         head, _, leaf = key.partition("/")
-        if head in agents or head == "shared":
+        if head in policies:
             out.setdefault(leaf, []).append(v)
     return {k: (sum(v) if k == "num_tokens" else sum(v) / len(v)) for k, v in out.items()}
 

@@ -18,7 +18,9 @@ from marl_llm.episodes import JointNode, JointTree, collect_tree
 from marl_llm.models import AgentPolicies
 from marl_llm.registry import registrar
 from marl_llm.rollout import Completion, HFRollout, SamplingParams
+from marl_llm.evaluation import reward_metrics
 from marl_llm.tasks.base import Problem, Task, import_submodules
+from marl_llm.tasks.turn_based import TurnTask, run_episodes
 
 
 @dataclass
@@ -41,6 +43,8 @@ class AgentBatch:
 class Algorithm(ABC):
     # False: a prompt-only baseline; the trainer evaluates it and skips training.
     trainable: bool = True
+    # True: can play turn-based tasks (marl_llm.tasks.turn_based: Sokoban, Plan-Path).
+    supports_turn_tasks: bool = False
 
     @classmethod
     def task_view(cls, task: Task, cfg: Any) -> Task:
@@ -65,12 +69,23 @@ class Algorithm(ABC):
     @property
     def eval_turns(self) -> int:
         """Turns of an evaluation rollout (the final turn's joint action is scored)."""
+        if isinstance(self.task, TurnTask):
+            return self.task.num_turns
         return int(self.cfg.get("num_turns", 1))
 
     def rollout_tree(self, problems: list[Problem], widths: list[int], sampling: list[SamplingParams],
                      terminate: Callable[[JointNode], bool] | None = None, joint_mode: str = "align") -> JointTree:
-        """The algorithm's joint rollout, shared by training and evaluation (baselines override it)."""
+        """The algorithm's joint rollout, shared by training and evaluation (baselines override it).
+        Turn-based tasks are played one episode per problem (widths of 1: evaluation)."""
+        if isinstance(self.task, TurnTask):
+            if any(w != 1 for w in widths):
+                raise ValueError("turn-based tasks are evaluated with one episode per level (widths of 1)")
+            return run_episodes(self.task, self.rollout.generate, problems, sampling, len(widths))[0]
         return collect_tree(self.task, self.rollout.generate, problems, widths, sampling, joint_mode, terminate)
+
+    def rollout_metrics(self, tree: JointTree) -> dict[str, float]:
+        """Training-rollout metrics (reward, reward_std, per turn and level; TRL names)."""
+        return reward_metrics(tree, self.task.cfg.reward_shift)
 
     @abstractmethod
     def collect(self, problems: list[Problem]) -> JointTree:

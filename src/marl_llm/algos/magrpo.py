@@ -13,19 +13,11 @@ import torch
 
 from marl_llm.algos.advantages import per_agent_advantages, tree_advantages
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
-from marl_llm.algos.losses import k3_kl, policy_loss
+from marl_llm.algos.losses import k3_kl
+from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
 from marl_llm.episodes import JointNode, JointTree
 from marl_llm.rollout import Completion, completion_logprobs
 from marl_llm.tasks.base import Problem
-
-
-def micro_batches(completions: list[Completion], size: int) -> list[list[int]]:
-    """Indices of completions grouped by identical prompt (siblings of one node), each group cut
-    into chunks of at most `size`: a chunk's shared prompt is encoded once."""
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for j, c in enumerate(completions):
-        groups.setdefault(tuple(c.prompt_ids.tolist()), []).append(j)
-    return [idx[s:s + size] for idx in groups.values() for s in range(0, len(idx), size)]
 
 
 @register_algorithm("magrpo")
@@ -101,7 +93,7 @@ class MAGRPO(Algorithm):
             agents = self.policies.agents_of(key)
             comps = [c for i in agents for c in batches[i].completions]
             advs = torch.cat([batches[i].advantages for i in agents])
-            label = "shared" if len(agents) > 1 else self.policies.agents[agents[0]].name
+            label = self.policies.policy_label(key)
             s = self._update_adapter(agents[0], key, comps, advs)
             kls = [batches[i].kl for i in agents if batches[i].kl is not None]
             if kls:  # KL shaped the reward: report the mean per-sequence KL it used
@@ -112,60 +104,8 @@ class MAGRPO(Algorithm):
     def _update_adapter(self, agent: int, key: tuple[int, str], comps: list[Completion],
                         advs: torch.Tensor) -> dict[str, float]:
         a = self.cfg
-        policies = self.policies
-        opt = policies.optimizers[key]
-        params = [p for group in opt.param_groups for p in group["params"]]
-        pad = policies.tokenizers[key[0]].pad_token_id
-        chunks = micro_batches(comps, self.micro_batch_size)
-        total_seqs = len(comps)
-        total_tokens = sum(len(c.completion_ids) for c in comps)
-        old_logps: dict[int, torch.Tensor] = {}
-        ref_logps: dict[int, torch.Tensor] = {}
-        acc: dict[str, float] = {}
-        entropy_sum, grad_norm = 0.0, 0.0
-        with policies.acting(agent) as model:
-            device = next(model.parameters()).device
-            for epoch in range(a.ppo_epochs):
-                opt.zero_grad(set_to_none=True)
-                for c, idx in enumerate(chunks):
-                    prompts = [comps[j].prompt_ids for j in idx]
-                    completions = [comps[j].completion_ids for j in idx]
-                    logp, mask, ent = completion_logprobs(model, prompts, completions, pad, with_entropy=epoch == 0)
-                    if epoch == 0:
-                        entropy_sum += float((ent * mask).sum())
-                        old_logps[c] = logp.detach()
-                    ref = None
-                    if a.kl_coef > 0 and a.kl_mode == "loss":
-                        if c not in ref_logps:
-                            with torch.no_grad(), model.disable_adapter():
-                                ref_logps[c] = completion_logprobs(model, prompts, completions, pad)[0]
-                        ref = ref_logps[c]
-                    loss, s = policy_loss(
-                        logp, old_logps[c] if a.ppo_epochs > 1 else None, advs[idx].to(device), mask,
-                        aggregation=a.loss_aggregation, clip_eps=a.clip_eps, ref_logp=ref,
-                        kl_coef=a.kl_coef if a.kl_mode == "loss" else 0.0)
-                    # Weight each micro-batch so the sum over micro-batches is the full-batch loss.
-                    n_tok = float(mask.sum())
-                    weight = (n_tok / max(total_tokens, 1)) if a.loss_aggregation == "token_mean" else len(idx) / total_seqs
-                    (loss * weight).backward()
-                    if epoch == a.ppo_epochs - 1:
-                        for k, v in s.items():
-                            acc[k] = acc.get(k, 0.0) + v * weight
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, a.max_grad_norm))
-                opt.step()
-        lengths = [len(c.completion_ids) for c in comps]
-        out = {k: v for k, v in acc.items() if k in ("loss", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean",
-                                                     "clip_ratio/region_mean")}
-        out.update({
-            "grad_norm": grad_norm,
-            "entropy": entropy_sum / max(total_tokens, 1),
-            "learning_rate": float(opt.param_groups[0]["lr"]),
-            "num_tokens": float(total_tokens),
-            "completions/mean_length": sum(lengths) / len(lengths),
-            "completions/min_length": float(min(lengths)),
-            "completions/max_length": float(max(lengths)),
-            "completions/clipped_ratio": sum(c.truncated for c in comps) / len(comps),
-            "advantage/mean": float(advs.mean()),
-            "advantage/std": float(advs.std()) if len(advs) > 1 else 0.0,
-        })
-        return out
+        settings = UpdateSettings(epochs=a.ppo_epochs, clip_eps=a.clip_eps, aggregation=a.loss_aggregation,
+                                  max_grad_norm=a.max_grad_norm, kl_coef=a.kl_coef if a.kl_mode == "loss" else 0.0)
+        stats = policy_update(self.policies, agent, key, comps, advs, settings, self.micro_batch_size)
+        stats.pop("optimizer_steps")
+        return stats

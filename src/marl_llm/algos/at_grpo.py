@@ -1,0 +1,166 @@
+"""AT-GRPO (Stronger-MAS / PettingLLMs, arXiv 2510.11062): agent- and turn-wise grouped GRPO.
+
+GRPO compares samples of the *same* prompt. In a multi-agent, multi-turn episode every agent's
+prompt differs by role and turn, so AT-GRPO samples K candidates per (environment, agent, turn)
+from the same state (tree sampling), scores each with alpha * team + local, normalizes within that
+group, and continues the episode from the best candidate (greedy continuation; option: random),
+applied as the agent's transition so the next agent in the turn sees it.
+
+- Turn-based tasks (Sokoban, Plan-Path): `marl_llm.tasks.turn_based.run_episodes`.
+- Joint-reward tasks (writing, code): the agents sample K joint actions in parallel from the
+  current node (team = the joint reward, local = 0), groups are (env, agent, turn), and only the
+  best joint action is expanded in the next turn. Single-turn, this is per-agent GRPO groups.
+
+Advantage in a group: A = (r - mean) / (std + eps) (unbiased std, as verl). Loss: PPO clipped
+surrogate, token-mean, `ppo_epochs` passes in mini-batches (marl_llm.algos.update). Each sample
+updates the policy its agent maps to (`adapters` / `policy_map`), and only that one.
+
+Fixed relative to the public code (each tested): group keys use a unique environment id (the
+code's env_idx // K merged K environments into one group); stepping, scoring and prompting use
+one state object; per-role adapters each get their own samples (the code trained the first
+adapter for every agent); a move-cap timeout is not a success; tool programs run sandboxed.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
+from marl_llm.algos.update import UpdateSettings, policy_update
+from marl_llm.episodes import JointNode, JointTree, collect_tree
+from marl_llm.evaluation import level_metrics
+from marl_llm.tasks.base import Problem
+from marl_llm.tasks.turn_based import CandidateGroup, TurnTask, run_episodes
+
+
+@dataclass
+class ATTree(JointTree):
+    """The committed path (for metrics, samples and evaluation) plus every candidate group."""
+
+    groups: list[CandidateGroup] = field(default_factory=list)
+
+
+def group_advantages(scores: list[float], eps: float, unbiased: bool) -> list[float]:
+    """(r - mean) / (std + eps) within one group."""
+    r = torch.tensor(scores, dtype=torch.float64)
+    std = r.std(unbiased=unbiased) if len(r) > 1 else torch.tensor(0.0, dtype=torch.float64)
+    return ((r - r.mean()) / (std + eps)).tolist()
+
+
+def filter_groups(groups: list[CandidateGroup], zero_std: bool, low_mean_frac: float) -> list[CandidateGroup]:
+    """Drop groups without signal (all scores equal) and/or the lowest-mean fraction of groups."""
+    kept = [g for g in groups if not (zero_std and max(g.scores) == min(g.scores))]
+    if low_mean_frac > 0 and kept:
+        drop = int(len(kept) * low_mean_frac)
+        by_mean = sorted(kept, key=lambda g: sum(g.scores) / len(g.scores))
+        dropped = {id(g) for g in by_mean[:drop]}
+        kept = [g for g in kept if id(g) not in dropped]
+    return kept
+
+
+@register_algorithm("at_grpo")
+class ATGRPO(Algorithm):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Candidate selection (select=random) and mini-batch shuffles: seeded, so runs repeat.
+        self.rng = random.Random(self.policies.seed)
+
+    @property
+    def turns(self) -> int:
+        return self.task.num_turns if isinstance(self.task, TurnTask) else int(self.cfg.num_turns)
+
+    @property
+    def eval_turns(self) -> int:
+        return self.turns
+
+    # --------------------------------------------------------------------------------- rollout
+    def collect(self, problems: list[Problem]) -> ATTree:
+        a = self.cfg
+        sampling = self.agent_sampling()
+        if isinstance(self.task, TurnTask):
+            tree, groups = run_episodes(self.task, self.rollout.generate, problems, sampling, self.turns,
+                                        a.num_branches, a.alpha, a.select, self.rng)
+            return ATTree(tree.problems, tree.turns, groups)
+
+        def continue_from(siblings: list[JointNode]) -> list[JointNode]:
+            if a.select == "random":
+                return [self.rng.choice(siblings)]
+            return [max(siblings, key=lambda n: n.reward.total)]  # ties: the first
+
+        tree = collect_tree(self.task, self.rollout.generate, problems, [a.num_branches] * self.turns, sampling,
+                            expand=continue_from)
+        groups = []
+        for t, turn in enumerate(tree.turns):
+            by_parent: dict[tuple[int, int], list[JointNode]] = {}
+            for n in turn:
+                by_parent.setdefault((n.problem, n.parent), []).append(n)
+            for (b, _), siblings in by_parent.items():
+                scores = [a.alpha * n.reward.total for n in siblings]  # team reward; no role reward here
+                chosen = scores.index(max(scores))
+                for i in range(self.task.num_agents):
+                    groups.append(CandidateGroup((tree.problems[b].uid, i, t), [n.completions[i] for n in siblings],
+                                                 scores, chosen))
+        return ATTree(tree.problems, tree.turns, groups)
+
+    supports_turn_tasks = True
+
+    def rollout_metrics(self, tree: ATTree) -> dict[str, float]:
+        """What the advantages see: every candidate's score (alpha * team + local), by agent and
+        turn; frac_reward_zero_std over the (env, agent, turn) groups; the committed path's
+        success rate and levels."""
+        def mean(xs: list[float]) -> float:
+            return sum(xs) / len(xs) if xs else 0.0
+
+        def std(xs: list[float]) -> float:
+            m = mean(xs)
+            return (sum((x - m) ** 2 for x in xs) / len(xs)) ** 0.5 if xs else 0.0
+
+        scores = [x for g in tree.groups for x in g.scores]
+        out = {"reward": mean(scores), "reward_std": std(scores),
+               "frac_reward_zero_std": mean([float(max(g.scores) == min(g.scores)) for g in tree.groups])}
+        for i, name in enumerate(self.task.agent_names):
+            out[f"{name}/reward"] = mean([x for g in tree.groups if g.key[1] == i for x in g.scores])
+        for t in sorted({g.key[2] for g in tree.groups}):
+            out[f"turn_{t + 1}/reward"] = mean([x for g in tree.groups if g.key[2] == t for x in g.scores])
+        final = [n for n in tree.nodes() if n.terminated]
+        if final and all(n.reward.passed is not None for n in final):
+            out[getattr(self.task, "success_metric", "pass@1")] = mean([float(bool(n.reward.passed)) for n in final])
+        out.update(level_metrics(final))
+        return out
+
+    # ------------------------------------------------------------------------------ advantages
+    def advantages(self, tree: ATTree) -> list[AgentBatch]:
+        a = self.cfg
+        groups = filter_groups(tree.groups, a.filter_zero_std, a.filter_low_mean_frac)
+        batches = [AgentBatch(i) for i in range(self.task.num_agents)]
+        advs: list[list[float]] = [[] for _ in batches]
+        for g in groups:
+            _, agent, turn = g.key
+            batches[agent].completions.extend(g.completions)
+            batches[agent].turns.extend([turn] * len(g.completions))
+            advs[agent].extend(group_advantages(g.scores, a.eps, a.unbiased_std))
+        for b, v in zip(batches, advs):
+            b.advantages = torch.tensor(v, dtype=torch.float32)
+        self.last_group_stats = {"groups": float(len(tree.groups)), "groups_kept": float(len(groups))}
+        return batches
+
+    # ---------------------------------------------------------------------------------- update
+    def update(self, batches: list[AgentBatch]) -> dict[str, float]:
+        a = self.cfg
+        stats: dict[str, float] = dict(getattr(self, "last_group_stats", {}))
+        for key in self.policies.trainable_adapters():
+            agents = [i for i in self.policies.agents_of(key) if batches[i].completions]
+            if not agents:
+                continue  # every group of this policy was filtered out: nothing to learn from
+            comps = [c for i in agents for c in batches[i].completions]
+            advs = torch.cat([batches[i].advantages for i in agents])
+            settings = UpdateSettings(epochs=a.ppo_epochs, mini_batch_size=a.mini_batch_size, clip_eps=a.clip_eps,
+                                      aggregation=a.loss_aggregation, max_grad_norm=a.max_grad_norm,
+                                      seed=self.rng.randrange(2**31))
+            s = policy_update(self.policies, agents[0], key, comps, advs, settings, self.micro_batch_size)
+            label = self.policies.policy_label(key)
+            stats.update({f"{label}/{k}": v for k, v in s.items()})
+        return stats

@@ -1,0 +1,132 @@
+"""One policy's update from scored samples, shared by the algorithms (MAGRPO, AT-GRPO, ...).
+
+    stats = policy_update(policies, agent, key, completions, advantages, settings, micro_batch_size)
+
+`completions[j]` (prompt ids + completion ids) has advantage `advantages[j]`: Tensor[n]. The
+samples are cut into mini-batches (one optimizer step each; `mini_batch_size=None`: all samples
+in one step) for `epochs` passes; each mini-batch is cut into micro-batches of at most
+`micro_batch_size` completions sharing one prompt (its KV cache is reused) whose gradients
+accumulate. Several optimizer steps over the same samples make them off-policy, so then the
+sampling-time log-probs are computed first and the PPO ratio is clipped (`clip_eps`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from marl_llm.algos.losses import policy_loss
+from marl_llm.models import AgentPolicies
+from marl_llm.rollout import Completion, completion_logprobs
+
+
+@dataclass
+class UpdateSettings:
+    epochs: int = 1
+    mini_batch_size: int | None = None
+    clip_eps: float | None = None
+    aggregation: str = "seq_sum"
+    max_grad_norm: float = 1.0
+    # KL to the reference policy (adapters disabled) added to the loss; 0: off.
+    kl_coef: float = 0.0
+    seed: int = 0
+
+
+def micro_batches(completions: list[Completion], size: int, subset: list[int] | None = None) -> list[list[int]]:
+    """Indices (of `subset`, default all) grouped by identical prompt (siblings of one node), each
+    group cut into chunks of at most `size`: a chunk's shared prompt is encoded once."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for j in (range(len(completions)) if subset is None else subset):
+        groups.setdefault(tuple(completions[j].prompt_ids.tolist()), []).append(j)
+    return [idx[s:s + size] for idx in groups.values() for s in range(0, len(idx), size)]
+
+
+def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], comps: list[Completion],
+                  advs: torch.Tensor, s: UpdateSettings, micro_batch_size: int) -> dict[str, float]:
+    """Update adapter `key` (acting as agent `agent`) on the samples; returns TRL-named stats."""
+    opt = policies.optimizers[key]
+    params = [p for group in opt.param_groups for p in group["params"]]
+    pad = policies.tokenizers[key[0]].pad_token_id
+    n = len(comps)
+    order = list(range(n))
+    if s.mini_batch_size is not None and s.mini_batch_size < n:
+        gen = torch.Generator().manual_seed(s.seed)
+        order = torch.randperm(n, generator=gen).tolist()
+    size = n if s.mini_batch_size is None else min(s.mini_batch_size, n)
+    mini_batches = [sorted(order[i:i + size]) for i in range(0, n, size)]
+    steps_per_epoch = len(mini_batches)
+    # Several optimizer steps over the same samples: the ratio to the sampling-time policy matters.
+    off_policy = s.epochs > 1 or steps_per_epoch > 1
+    if off_policy and s.clip_eps is None:
+        raise ValueError("several optimizer steps per batch need PPO ratio clipping: set clip_eps")
+    total_tokens = sum(len(c.completion_ids) for c in comps)
+    old: dict[int, torch.Tensor] = {}  # sample -> sampling-time token log-probs, Tensor[len]
+    ref_logps: dict[tuple[int, ...], torch.Tensor] = {}
+    acc: dict[str, float] = {}
+    entropy_sum, grad_norm, n_steps = 0.0, 0.0, 0
+    with policies.acting(agent) as model:
+        device = next(model.parameters()).device
+
+        def logps(idx: list[int], with_entropy: bool = False):
+            return completion_logprobs(model, [comps[j].prompt_ids for j in idx],
+                                       [comps[j].completion_ids for j in idx], pad, with_entropy=with_entropy)
+
+        def keep_old(idx: list[int], logp: torch.Tensor) -> None:
+            for row, j in enumerate(idx):
+                old[j] = logp[row, :len(comps[j].completion_ids)].detach()
+
+        if off_policy and steps_per_epoch > 1:  # later mini-batches run after earlier steps
+            with torch.no_grad():
+                for idx in micro_batches(comps, micro_batch_size):
+                    keep_old(idx, logps(idx)[0])
+        for epoch in range(s.epochs):
+            for batch in mini_batches:
+                opt.zero_grad(set_to_none=True)
+                batch_tokens = sum(len(comps[j].completion_ids) for j in batch)
+                for idx in micro_batches(comps, micro_batch_size, batch):
+                    logp, mask, ent = logps(idx, with_entropy=epoch == 0)
+                    if epoch == 0:
+                        entropy_sum += float((ent * mask).sum())
+                        if off_policy and steps_per_epoch == 1:  # epoch 0 is still on-policy
+                            keep_old(idx, logp)
+                    old_logp = None
+                    if off_policy:
+                        old_logp = torch.zeros_like(logp)
+                        for row, j in enumerate(idx):
+                            old_logp[row, :len(old[j])] = old[j]
+                    ref = None
+                    if s.kl_coef > 0:
+                        if tuple(idx) not in ref_logps:
+                            with torch.no_grad(), model.disable_adapter():
+                                ref_logps[tuple(idx)] = logps(idx)[0]
+                        ref = ref_logps[tuple(idx)]
+                    loss, stats = policy_loss(logp, old_logp, advs[idx].to(device), mask, aggregation=s.aggregation,
+                                              clip_eps=s.clip_eps, ref_logp=ref, kl_coef=s.kl_coef)
+                    # Weights make the micro-batches sum to the mini-batch's loss.
+                    weight = (float(mask.sum()) / max(batch_tokens, 1) if s.aggregation == "token_mean"
+                              else len(idx) / len(batch))
+                    (loss * weight).backward()
+                    if epoch == s.epochs - 1:
+                        for k, v in stats.items():
+                            acc[k] = acc.get(k, 0.0) + v * weight / steps_per_epoch
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm))
+                opt.step()
+                n_steps += 1
+    lengths = [len(c.completion_ids) for c in comps]
+    out = {k: v for k, v in acc.items() if k in ("loss", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean",
+                                                 "clip_ratio/region_mean")}
+    out.update({
+        "grad_norm": grad_norm,
+        "optimizer_steps": float(n_steps),
+        "entropy": entropy_sum / max(total_tokens, 1),
+        "learning_rate": float(opt.param_groups[0]["lr"]),
+        "num_tokens": float(total_tokens),
+        "completions/mean_length": sum(lengths) / len(lengths),
+        "completions/min_length": float(min(lengths)),
+        "completions/max_length": float(max(lengths)),
+        "completions/clipped_ratio": sum(c.truncated for c in comps) / len(comps),
+        "advantage/mean": float(advs.mean()),
+        "advantage/std": float(advs.std()) if len(advs) > 1 else 0.0,
+    })
+    return out

@@ -1,0 +1,187 @@
+"""Sokoban and Plan-Path with two roles (PettingLLMs / AT-GRPO, arXiv 2510.11062).
+
+Turn order [tool, plan], up to `task.max_turns` turns:
+- `tool` writes a Python program that prints a move list; the program runs in the sandbox (never
+  in the trainer) and its moves are tried on a copy of the state: its local reward is what those
+  moves would earn, its team reward whether they would solve the level.
+- `plan` sees the tool's program, output and the result of its moves, reasons, and ends with a
+  line `#### ["U", "R", ...]`; its moves are played on the real state (its local reward is the
+  per-move reward they earn, its team reward whether the level is solved after them).
+
+Per-move rewards are the environments' (marl_llm.envs): Sokoban −0.01 per move, −0.05 invalid,
++1 box onto / −0.5 box off a goal, potential shaping, +10 solved, −5 at the move cap; Plan-Path
+−0.01 per move, −0.1 invalid, shaping, +1 at the goal, +0.5 for an optimal path. Success means
+solved: a move cap is a failure.
+
+Levels: training seeds 0, 1, 2, ... (new levels every step); evaluation on `num_eval_levels`
+fixed levels with seeds eval_seed + i (100 levels from 100000 by default).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marl_llm.envs.actions import parse_action_list, parse_final_actions
+from marl_llm.envs.base import GridEnv
+from marl_llm.envs.plan_path import PlanPathEnv
+from marl_llm.envs.sokoban import SokobanEnv
+from marl_llm.sandbox import SandboxLimits, run_programs
+from marl_llm.tasks.base import Problem, register_task
+from marl_llm.tasks.code_reward import extract_code
+from marl_llm.tasks.turn_based import Episode, Outcome, TurnTask
+
+TOOL, PLAN = 0, 1
+_MAX_SHOWN = 600  # characters of program output shown to the plan agent
+
+
+def _cap(text: str, n: int = _MAX_SHOWN) -> str:
+    text = text.strip()
+    return text if len(text) <= n else text[:n] + " ...[truncated]"
+
+
+class GridEpisode(Episode):
+    def __init__(self, task: "GridGameTask", problem: Problem, env: GridEnv):
+        self.task = task
+        self.uid = problem.uid
+        self.env = env
+        self.turn = 0
+        self.tool: dict[str, Any] | None = None  # what the tool committed this turn
+        self.history: list[str] = []  # one line per finished turn
+        self.moves_reward = 0.0  # per-move rewards of the real (plan) moves so far
+
+    @property
+    def done(self) -> bool:
+        return self.env.done or self.turn >= self.task.num_turns
+
+    @property
+    def success(self) -> bool:
+        return self.env.success
+
+    # -- prompts -----------------------------------------------------------------------------
+    def _state_block(self) -> str:
+        past = "\n".join(self.history) if self.history else "(none yet)"
+        return (f"Current state (turn {self.turn + 1} of {self.task.num_turns}):\n{self.env.render()}\n\n"
+                f"Moves played in earlier turns:\n{past}")
+
+    def observation(self, agent: int) -> str:
+        t = self.task
+        if agent == TOOL:
+            return (f"You are the tool agent in a team of two playing {t.game}. {t.rules}\n\n{self._state_block()}\n\n"
+                    "Write a Python program (standard library only, no input) that computes the moves from this "
+                    'state and prints them as one JSON list, e.g. ["U", "R", "R"]. It is stopped after '
+                    f"{t.limits.timeout_s:g} seconds. Output only the program in a ```python block.")
+        tool = self.tool or {}
+        return (f"You are the planning agent in a team of two playing {t.game}. {t.rules}\n\n{self._state_block()}\n\n"
+                f"The tool agent's program:\n```python\n{_cap(tool.get('code', ''), 1500)}\n```\n"
+                f"Its output: {_cap(tool.get('output', '')) or '(nothing)'}\n"
+                f"Its moves, tried on a copy of the state: {tool.get('summary', 'none')}\n\n"
+                "Think step by step, then end your answer with one line: #### followed by the JSON list of moves "
+                'to play now, e.g. #### ["U", "L"]')
+
+    # -- scoring on copies -------------------------------------------------------------------
+    def _try(self, actions: list[str]) -> tuple[GridEnv, Any]:
+        copy = self.env.copy()
+        return copy, copy.step(actions)
+
+    @staticmethod
+    def _summary(actions: list[str], env: GridEnv, result: Any, error: str | None) -> str:
+        if error:
+            return f"no moves ({error})"
+        status = "solved" if env.success else ("failed (move cap)" if env.done else "not solved")
+        return (f"{actions} -> {result.valid} valid, {result.invalid} invalid moves, reward {result.reward:+.2f}, "
+                f"{status}")
+
+    def evaluate(self, agent: int, texts: list[str]) -> list[Outcome]:
+        if agent == TOOL:
+            codes = [extract_code(t) for t in texts]
+            runs = run_programs(codes, self.task.limits, self.task.workers)
+            outcomes = []
+            for code, run in zip(codes, runs):
+                actions, error = parse_action_list(run.stdout.strip().splitlines()[-1] if run.stdout.strip() else "")
+                if not code.strip():
+                    error = "no program"
+                elif run.status.value != "passed" and not actions:
+                    error = f"the program did not finish cleanly ({run.status.value})"
+                env, result = self._try(actions)
+                outcomes.append(Outcome(float(env.success), result.reward, None, {
+                    "code": code, "output": run.stdout, "actions": actions, "error": error,
+                    "summary": self._summary(actions, env, result, error)}))
+            return outcomes
+        outcomes = []
+        for text in texts:
+            actions, error = parse_final_actions(text)
+            env, result = self._try(actions)
+            outcomes.append(Outcome(float(env.success), result.reward, env, {
+                "actions": actions, "error": error, "reward": result.reward,
+                "summary": self._summary(actions, env, result, error)}))
+        return outcomes
+
+    def commit(self, agent: int, outcome: Outcome) -> None:
+        if agent == TOOL:
+            self.tool = outcome.info
+            return
+        # The state the plan's moves were scored on becomes the real state (no re-stepping).
+        self.env = outcome.state
+        self.moves_reward += outcome.info["reward"]
+        self.history.append(f"turn {self.turn + 1}: {outcome.info['summary']}")
+
+    def end_turn(self) -> None:
+        self.turn += 1
+        self.tool = None
+
+    def levels(self) -> dict[str, float]:
+        return {"solved": float(self.env.success), "moves_reward": self.moves_reward}
+
+
+class GridGameTask(TurnTask):
+    agent_names = ("tool", "plan")
+    game = ""
+    rules = ""
+
+    def __init__(self, cfg: Any):
+        super().__init__(cfg)
+        sb = cfg.sandbox
+        self.limits = SandboxLimits(timeout_s=float(sb.timeout_s), memory_mb=int(sb.memory_mb),
+                                    max_procs=int(sb.max_procs), max_output_bytes=int(sb.max_output_bytes))
+        self.workers = int(sb.workers)
+
+    def make_env(self) -> GridEnv:
+        raise NotImplementedError
+
+    def load_split(self, split: str) -> list[Problem]:
+        c = self.cfg
+        if split == "train":
+            seeds = range(int(c.num_train_levels))
+        elif split == "eval":
+            seeds = range(int(c.eval_seed), int(c.eval_seed) + int(c.num_eval_levels))
+        else:
+            raise ValueError(f"unknown split {split!r}: expected train or eval")
+        return [Problem(uid=f"{self.name}/{split}/{s}", data={"seed": s}) for s in seeds]
+
+    def new_episode(self, problem: Problem) -> GridEpisode:
+        env = self.make_env()
+        env.reset(int(problem.data["seed"]))
+        return GridEpisode(self, problem, env)
+
+
+@register_task("sokoban")
+class SokobanTask(GridGameTask):
+    game = "Sokoban"
+    rules = ("Push every box ($) onto a goal (.); * is a box on a goal, @ the player (+ on a goal), # a wall. "
+             "Moves: U (up), D (down), L (left), R (right); walking into a box pushes it if the cell behind "
+             "it is free.")
+
+    def make_env(self) -> GridEnv:
+        c = self.cfg
+        return SokobanEnv(size=int(c.size), num_boxes=int(c.num_boxes), max_moves=int(c.max_moves))
+
+
+@register_task("plan_path")
+class PlanPathTask(GridGameTask):
+    game = "Plan-Path"
+    rules = ("Move the agent (@) to the goal (G) on the grid; # is a wall, . free ground. Moves: U (up, row - 1), "
+             "D (down, row + 1), L (left, column - 1), R (right, column + 1). A shortest path earns a bonus.")
+
+    def make_env(self) -> GridEnv:
+        c = self.cfg
+        return PlanPathEnv(size=int(c.size), wall_prob=float(c.wall_prob), max_moves=int(c.max_moves))

@@ -1,0 +1,171 @@
+"""Turn-based environment tasks: agents act in turn order on a shared, changing state.
+
+Unlike the joint-reward tasks (every agent acts on its own prompt, one team reward for the joint
+action), an episode here has a state that each agent's action may change, and each action gets
+its own score, mixed from the team's outcome and the agent's role reward:
+
+    r = alpha * team + local        (AT-GRPO, arXiv 2510.11062; alpha = algo.alpha)
+
+An `Episode` is one environment instance. Per turn, for each agent in turn order:
+
+    prompt = episode.observation(i)
+    outcomes = episode.evaluate(i, candidate_texts)   # each scored on its own copy of the state
+    episode.commit(i, outcomes[best])                 # the scored copy BECOMES the state
+    ...
+    episode.end_turn()
+
+Scoring on copies lets K candidates start from the same state; committing the very object that
+was scored (not re-applying the action to another object) keeps stepping, scoring and prompting
+on one state (the public AT-GRPO code steps the originals but scores deep copies, so rewards go
+stale from turn 2 and `done` never fires).
+
+`run_episodes` plays episodes with K candidates per agent and turn (K = 1 with greedy sampling is
+plain evaluation) and returns the committed path as a JointTree (one node per env and turn) plus
+every candidate's group, keyed by (environment uid, agent, turn).
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from marl_llm.episodes import JointNode, JointTree
+from marl_llm.rollout import Completion, GenRequest, SamplingParams
+from marl_llm.tasks.base import JointReward, Problem, Task, Turn
+
+
+@dataclass
+class Outcome:
+    """One candidate action scored on its own copy of the state.
+
+    team: the team's outcome after the action (e.g. 1.0 if the level is solved); local: the
+    acting agent's role reward (e.g. the summed per-move reward); state: the episode state the
+    action led to (committing adopts it); info: what the next agents and the logs are shown.
+    """
+
+    team: float
+    local: float
+    state: Any = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def score(self, alpha: float) -> float:
+        return alpha * self.team + self.local
+
+
+class Episode(ABC):
+    """One environment instance being played (see the module docstring)."""
+
+    uid: str  # unique per environment instance: the group key's first part
+
+    @property
+    @abstractmethod
+    def done(self) -> bool: ...
+
+    @property
+    @abstractmethod
+    def success(self) -> bool: ...
+
+    @abstractmethod
+    def observation(self, agent: int) -> str:
+        """Agent `agent`'s prompt now (it sees what earlier agents committed this turn)."""
+
+    @abstractmethod
+    def evaluate(self, agent: int, texts: list[str]) -> list[Outcome]:
+        """Score each candidate text of `agent` on its own copy of the current state."""
+
+    @abstractmethod
+    def commit(self, agent: int, outcome: Outcome) -> None:
+        """Make `outcome` (one of evaluate's) the agent's action: its state becomes the state."""
+
+    @abstractmethod
+    def end_turn(self) -> None: ...
+
+    def levels(self) -> dict[str, float]:
+        """Reward components to log for the episode so far."""
+        return {}
+
+
+class TurnTask(Task):
+    """A task whose problems are played as Episodes (turn order = `agent_names`)."""
+
+    # evaluation reports the fraction of solved episodes under this name
+    success_metric = "success_rate"
+
+    @abstractmethod
+    def new_episode(self, problem: Problem) -> Episode: ...
+
+    @property
+    def num_turns(self) -> int:
+        return int(self.cfg.max_turns)
+
+    # The joint-reward interface does not apply: agents act on a shared state in turn order.
+    def initial_prompts(self, problem: Problem) -> list[str]:
+        return [self.new_episode(problem).observation(i) for i in range(self.num_agents)]
+
+    def joint_rewards(self, problems: list[Problem], joint_actions: list[list[str]]) -> list[JointReward]:
+        raise TypeError(f"task {self.name} is turn-based: play it with marl_llm.tasks.turn_based.run_episodes")
+
+
+@dataclass
+class CandidateGroup:
+    """The K candidates of one agent at one turn of one environment: an AT-GRPO group."""
+
+    key: tuple[str, int, int]  # (environment uid, agent, turn)
+    completions: list[Completion]
+    scores: list[float]
+    chosen: int
+
+
+def run_episodes(task: TurnTask, generate: Callable[[list[GenRequest]], list[Completion]], problems: list[Problem],
+                 sampling: list[SamplingParams], num_turns: int, k: int = 1, alpha: float = 1.0,
+                 select: str = "best", rng: random.Random | None = None) -> tuple[JointTree, list[CandidateGroup]]:
+    """Play every problem for up to `num_turns` turns; K candidates per agent and turn.
+
+    select: "best" (greedy continuation from the highest-scoring candidate, ties to the first)
+    or "random". Returns the committed path as a JointTree (node = one env's turn; reward.total =
+    the turn's summed scores, reward.passed = solved when the episode ended) and the groups.
+    """
+    if select not in ("best", "random"):
+        raise ValueError(f"select={select!r}: expected best or random")
+    rng = rng or random.Random(0)
+    episodes = [task.new_episode(p) for p in problems]
+    groups: list[CandidateGroup] = []
+    turns: list[list[JointNode]] = []
+    parents = list(range(len(problems)))  # node index of each env's previous turn
+    for t in range(num_turns):
+        active = [b for b, e in enumerate(episodes) if not e.done]
+        if not active:
+            break
+        prompts: dict[int, list[str]] = {b: [] for b in active}
+        chosen: dict[int, list[Completion]] = {b: [] for b in active}
+        scores: dict[int, float] = {b: 0.0 for b in active}
+        for i in range(task.num_agents):
+            requests = []
+            for b in active:
+                prompts[b].append(episodes[b].observation(i))
+                requests += [GenRequest(i, prompts[b][-1], sampling[i])] * k
+            completions = generate(requests)
+            for j, b in enumerate(active):
+                comps = completions[j * k:(j + 1) * k]
+                outcomes = episodes[b].evaluate(i, [c.text for c in comps])
+                values = [o.score(alpha) for o in outcomes]
+                c = values.index(max(values)) if select == "best" else rng.randrange(k)
+                groups.append(CandidateGroup((episodes[b].uid, i, t), comps, values, c))
+                episodes[b].commit(i, outcomes[c])
+                chosen[b].append(comps[c])
+                scores[b] += values[c]
+        nodes = []
+        for b in active:
+            episodes[b].end_turn()
+            e = episodes[b]
+            history = [[Turn(p, c.text)] for p, c in zip(prompts[b], chosen[b])]
+            nodes.append(JointNode(b, t, parents[b], prompts[b], chosen[b], (0,) * task.num_agents,
+                                   JointReward(scores[b], e.levels(), passed=e.success if e.done or
+                                               t == num_turns - 1 else None), history,
+                                   terminated=e.done or t == num_turns - 1))
+        for j, n in enumerate(nodes):
+            parents[n.problem] = j
+        turns.append(nodes)
+    return JointTree(problems, turns), groups
