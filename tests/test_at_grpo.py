@@ -238,11 +238,68 @@ def test_at_grpo_on_a_joint_reward_task_expands_only_the_best(tiny_model_dir, tm
     assert "eval/pass@1" in rows[0]
 
 
-def test_other_algorithms_refuse_turn_based_tasks(tiny_model_dir, tmp_path):
+def test_prompt_only_baselines_refuse_turn_based_tasks(tiny_model_dir, tmp_path):
     from marl_llm.config import UserError
     from marl_llm.trainer import train
 
-    cfg = compose_config(["task=sokoban", *[o for o in tiny_overrides(tiny_model_dir, tmp_path)
-                                            if not o.startswith("task.")]])
+    cfg = compose_config(["algo=parallel", "task=sokoban", *[o for o in tiny_overrides(tiny_model_dir, tmp_path)
+                                                             if not o.startswith(("task.", "algo."))]])
     with pytest.raises(UserError, match="use algo=at_grpo"):
         train(cfg)
+
+
+# -------------------------------------------------- MAGRPO and one agent on turn-based tasks
+def test_episode_tree_children_continue_from_their_parents_state():
+    from marl_llm.tasks.turn_based import collect_episode_tree
+
+    task = CounterTask(target=100, max_turns=2)
+    # Every request adds 1 + (its index mod 2): forks of one parent get different additions.
+    tree = collect_episode_tree(task, fake_generate(lambda r, j: str(1 + j % 2)), task.load_split("train")[:1],
+                                [2, 2], SAMPLING)
+    first, second = tree.turns
+    assert len(first) == 2 and len(second) == 4
+    for child in second:
+        parent = first[child.parent]
+        # the parent's committed value after its turn (both agents' additions) ...
+        value = sum(int(c.text) for c in parent.completions)
+        # ... is what the child's first agent observed
+        assert f"value={value} agent=0" in child.messages[0]
+        assert child.reward.total == pytest.approx(sum(
+            (-abs(100 - (value + sum(int(c.text) for c in child.completions[:i + 1]))) / 10) for i in range(2)))
+    assert all(n.terminated and n.reward.passed is False for n in second)
+
+
+def test_magrpo_with_one_role_on_sokoban(tiny_model_dir, tmp_path):
+    from marl_llm.trainer import train
+
+    overrides = [o for o in tiny_overrides(tiny_model_dir, tmp_path) if not o.startswith("task.")]
+    cfg = compose_config(["task=sokoban", "task.roles=[plan]", "task.max_turns=2", "task.num_eval_levels=2",
+                          "algo.num_turns=2", *overrides])
+    train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train_row = next(r for r in rows if "train/reward" in r)
+    assert "train/plan/loss" in train_row and "train/tool/loss" not in train_row
+    assert "eval/success_rate" in rows[0]
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert all("tool agent" not in s["plan/prompt"] and "in a team" not in s["plan/prompt"] for s in samples)
+
+
+@pytest.mark.parametrize("algo,extra,match", [("single", [], "task.roles=\\[plan\\]"),
+                                              ("magrpo", ["algo.joint_mode=cross", "algo.num_turns=1"], "joint_mode")])
+def test_turn_based_tasks_refuse_what_does_not_apply(tiny_model_dir, tmp_path, algo, extra, match):
+    from marl_llm.config import UserError
+    from marl_llm.trainer import train
+
+    overrides = [o for o in tiny_overrides(tiny_model_dir, tmp_path) if not o.startswith("task.")]
+    cfg = compose_config([f"algo={algo}", "task=sokoban", *overrides, *extra])
+    with pytest.raises(UserError, match=match):
+        train(cfg)
+
+
+def test_bad_roles_name_the_fix():
+    from marl_llm.config import UserError
+    from marl_llm.tasks import build_task
+
+    cfg = compose_config(["task=sokoban", "task.roles=[plan,coder]", "run_dir=/tmp/x"]).task
+    with pytest.raises(UserError, match=r"task.roles=\['plan', 'coder'\]: use \[tool, plan\]"):
+        build_task(cfg)

@@ -17,10 +17,18 @@ def atomic_write(path: Path, write: Callable[[str], object]) -> None:
     os.close(fd)
     try:
         write(tmp)
+        # mkstemp makes the file private (0600); give it the permissions a plain open() would.
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: Path, text: str) -> None:

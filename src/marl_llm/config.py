@@ -251,6 +251,9 @@ class GridGameTaskConfig:
     """Sokoban / Plan-Path with a tool agent and a planning agent (marl_llm.tasks.grid_games)."""
 
     name: str = MISSING
+    # Agents in turn order: [tool, plan] (the paper's two roles) or [plan] (one agent: the
+    # single-agent baseline) or [tool].
+    roles: List[str] = field(default_factory=lambda: ["tool", "plan"])
     # Map side (Sokoban: including the outer wall) and, for Sokoban, the number of boxes.
     size: int = 5
     num_boxes: int = 1

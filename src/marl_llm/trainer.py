@@ -96,6 +96,9 @@ def train(cfg: DictConfig) -> float:
     if isinstance(task, TurnTask) and not algo_cls.supports_turn_tasks:
         raise UserError(f"algo={cfg.algo.name} does not play turn-based tasks ({task.name}) yet: use algo=at_grpo "
                         "(trainer.max_steps=0 evaluates the untrained team)")
+    if isinstance(task, TurnTask) and cfg.algo.get("joint_mode", "align") != "align":
+        raise UserError(f"algo.joint_mode={cfg.algo.joint_mode} needs a joint-reward task; turn-based tasks ({task.name}) "
+                        "fork episodes: set algo.joint_mode=align")
     turns = cfg.algo.get("num_turns", 1)
     if task.max_turns is not None and algo_cls.trainable and turns > task.max_turns:
         raise UserError(f"task {task.name} is single-turn but algo.num_turns={turns}: set algo.num_turns=1")

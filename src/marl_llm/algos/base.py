@@ -20,7 +20,7 @@ from marl_llm.registry import registrar
 from marl_llm.rollout import Completion, HFRollout, SamplingParams
 from marl_llm.evaluation import reward_metrics
 from marl_llm.tasks.base import Problem, Task, import_submodules
-from marl_llm.tasks.turn_based import TurnTask, run_episodes
+from marl_llm.tasks.turn_based import TurnTask, collect_episode_tree
 
 
 @dataclass
@@ -76,11 +76,9 @@ class Algorithm(ABC):
     def rollout_tree(self, problems: list[Problem], widths: list[int], sampling: list[SamplingParams],
                      terminate: Callable[[JointNode], bool] | None = None, joint_mode: str = "align") -> JointTree:
         """The algorithm's joint rollout, shared by training and evaluation (baselines override it).
-        Turn-based tasks are played one episode per problem (widths of 1: evaluation)."""
+        Turn-based tasks fork episodes instead (marl_llm.tasks.turn_based.collect_episode_tree)."""
         if isinstance(self.task, TurnTask):
-            if any(w != 1 for w in widths):
-                raise ValueError("turn-based tasks are evaluated with one episode per level (widths of 1)")
-            return run_episodes(self.task, self.rollout.generate, problems, sampling, len(widths))[0]
+            return collect_episode_tree(self.task, self.rollout.generate, problems, widths, sampling, terminate)
         return collect_tree(self.task, self.rollout.generate, problems, widths, sampling, joint_mode, terminate)
 
     def rollout_metrics(self, tree: JointTree) -> dict[str, float]:

@@ -21,6 +21,7 @@ from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.magrpo import MAGRPO
 from marl_llm.episodes import JointNode, JointTree, collect_tree
 from marl_llm.rollout import SamplingParams
+from marl_llm.config import UserError
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn
 
 
@@ -30,6 +31,11 @@ class SingleAgentTask(Task):
     agent_names = ("single",)
 
     def __init__(self, task: Task):
+        from marl_llm.tasks.turn_based import TurnTask
+
+        if isinstance(task, TurnTask):
+            raise UserError(f"algo=single does not wrap turn-based tasks: for one agent on {task.name} set "
+                            "'task.roles=[plan]' with algo=at_grpo or algo=magrpo")
         if type(task).single_prompt is Task.single_prompt:
             task.single_prompt(None)  # raises the task's UserError: no single-agent form
         super().__init__(task.cfg)

@@ -22,6 +22,9 @@ from marl_llm.tasks.base import Problem
 
 @register_algorithm("magrpo")
 class MAGRPO(Algorithm):
+    # On a turn-based task (Sokoban, Plan-Path) every node forks the episode G times.
+    supports_turn_tasks = True
+
     def collect(self, problems: list[Problem]) -> JointTree:
         a = self.cfg
         terminate = None

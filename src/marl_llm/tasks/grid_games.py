@@ -25,12 +25,13 @@ from marl_llm.envs.actions import parse_action_list, parse_final_actions
 from marl_llm.envs.base import GridEnv
 from marl_llm.envs.plan_path import PlanPathEnv
 from marl_llm.envs.sokoban import SokobanEnv
+from marl_llm.config import UserError
 from marl_llm.sandbox import SandboxLimits, run_programs
 from marl_llm.tasks.base import Problem, register_task
 from marl_llm.tasks.code_reward import extract_code
 from marl_llm.tasks.turn_based import Episode, Outcome, TurnTask
 
-TOOL, PLAN = 0, 1
+ROLES = ("tool", "plan")
 _MAX_SHOWN = 600  # characters of program output shown to the plan agent
 
 
@@ -65,18 +66,21 @@ class GridEpisode(Episode):
 
     def observation(self, agent: int) -> str:
         t = self.task
-        if agent == TOOL:
+        if t.agent_names[agent] == "tool":
             return (f"You are the tool agent in a team of two playing {t.game}. {t.rules}\n\n{self._state_block()}\n\n"
                     "Write a Python program (standard library only, no input) that computes the moves from this "
                     'state and prints them as one JSON list, e.g. ["U", "R", "R"]. It is stopped after '
                     f"{t.limits.timeout_s:g} seconds. Output only the program in a ```python block.")
-        tool = self.tool or {}
-        return (f"You are the planning agent in a team of two playing {t.game}. {t.rules}\n\n{self._state_block()}\n\n"
-                f"The tool agent's program:\n```python\n{_cap(tool.get('code', ''), 1500)}\n```\n"
-                f"Its output: {_cap(tool.get('output', '')) or '(nothing)'}\n"
-                f"Its moves, tried on a copy of the state: {tool.get('summary', 'none')}\n\n"
-                "Think step by step, then end your answer with one line: #### followed by the JSON list of moves "
-                'to play now, e.g. #### ["U", "L"]')
+        team = "in a team of two " if len(t.agent_names) > 1 else ""
+        tool_block = ""
+        if self.tool is not None:
+            tool = self.tool
+            tool_block = (f"The tool agent's program:\n```python\n{_cap(tool.get('code', ''), 1500)}\n```\n"
+                          f"Its output: {_cap(tool.get('output', '')) or '(nothing)'}\n"
+                          f"Its moves, tried on a copy of the state: {tool.get('summary', 'none')}\n\n")
+        return (f"You are the planning agent {team}playing {t.game}. {t.rules}\n\n{self._state_block()}\n\n"
+                f"{tool_block}Think step by step, then end your answer with one line: #### followed by the JSON list "
+                'of moves to play now, e.g. #### ["U", "L"]')
 
     # -- scoring on copies -------------------------------------------------------------------
     def _try(self, actions: list[str]) -> tuple[GridEnv, Any]:
@@ -92,7 +96,7 @@ class GridEpisode(Episode):
                 f"{status}")
 
     def evaluate(self, agent: int, texts: list[str]) -> list[Outcome]:
-        if agent == TOOL:
+        if self.task.agent_names[agent] == "tool":
             codes = [extract_code(t) for t in texts]
             runs = run_programs(codes, self.task.limits, self.task.workers)
             outcomes = []
@@ -117,7 +121,7 @@ class GridEpisode(Episode):
         return outcomes
 
     def commit(self, agent: int, outcome: Outcome) -> None:
-        if agent == TOOL:
+        if self.task.agent_names[agent] == "tool":
             self.tool = outcome.info
             return
         # The state the plan's moves were scored on becomes the real state (no re-stepping).
@@ -134,12 +138,16 @@ class GridEpisode(Episode):
 
 
 class GridGameTask(TurnTask):
-    agent_names = ("tool", "plan")
+    agent_names = ROLES
     game = ""
     rules = ""
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
+        roles = tuple(cfg.get("roles", ROLES) if hasattr(cfg, "get") else ROLES)
+        if not roles or len(set(roles)) != len(roles) or any(r not in ROLES for r in roles):
+            raise UserError(f"task.roles={list(roles)}: use [tool, plan], [plan] or [tool] (turn order)")
+        self.agent_names = roles
         sb = cfg.sandbox
         self.limits = SandboxLimits(timeout_s=float(sb.timeout_s), memory_mb=int(sb.memory_mb),
                                     max_procs=int(sb.max_procs), max_output_bytes=int(sb.max_output_bytes))

@@ -26,6 +26,7 @@ every candidate's group, keyed by (environment uid, agent, turn).
 
 from __future__ import annotations
 
+import copy
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -86,6 +87,11 @@ class Episode(ABC):
         """Reward components to log for the episode so far."""
         return {}
 
+    def fork(self) -> "Episode":
+        """An independent copy of the episode (its task is shared, not copied)."""
+        memo = {id(v): v for v in vars(self).values() if isinstance(v, Task)}
+        return copy.deepcopy(self, memo)
+
 
 class TurnTask(Task):
     """A task whose problems are played as Episodes (turn order = `agent_names`)."""
@@ -106,6 +112,43 @@ class TurnTask(Task):
 
     def joint_rewards(self, problems: list[Problem], joint_actions: list[list[str]]) -> list[JointReward]:
         raise TypeError(f"task {self.name} is turn-based: play it with marl_llm.tasks.turn_based.run_episodes")
+
+
+def collect_episode_tree(task: TurnTask, generate: Callable[[list[GenRequest]], list[Completion]],
+                         problems: list[Problem], widths: list[int], sampling: list[SamplingParams],
+                         terminate: Callable[[JointNode], bool] | None = None) -> JointTree:
+    """A MAGRPO rollout tree on a turn-based task: at turn t every unfinished node is forked
+    `widths[t]` times; in each fork the agents act once in turn order (agent i sees what agents
+    < i did in that fork). A node's reward is the sum of its agents' scores (team + local); its
+    children continue from its own state. Widths of 1 with greedy sampling: plain evaluation."""
+    turns: list[list[JointNode]] = []
+    frontier = [(b, b, task.new_episode(p)) for b, p in enumerate(problems)]
+    for t, width in enumerate(widths):
+        if not frontier:
+            break
+        forks = [(b, parent, ep.fork() if width > 1 else ep) for b, parent, ep in frontier for _ in range(width)]
+        prompts: list[list[str]] = [[] for _ in forks]
+        chosen: list[list[Completion]] = [[] for _ in forks]
+        scores = [0.0] * len(forks)
+        for i in range(task.num_agents):
+            requests = [GenRequest(i, ep.observation(i), sampling[i]) for _, _, ep in forks]
+            for j, ((_, _, ep), req, comp) in enumerate(zip(forks, requests, generate(requests))):
+                outcome = ep.evaluate(i, [comp.text])[0]
+                ep.commit(i, outcome)
+                prompts[j].append(req.message)
+                chosen[j].append(comp)
+                scores[j] += outcome.score(1.0)
+        nodes = []
+        for j, (b, parent, ep) in enumerate(forks):
+            ep.end_turn()
+            node = JointNode(b, t, parent, prompts[j], chosen[j], (j % width,) * task.num_agents,
+                             JointReward(scores[j], ep.levels()), [[Turn(p, c.text)] for p, c in zip(prompts[j], chosen[j])])
+            node.terminated = ep.done or t == len(widths) - 1 or (terminate is not None and terminate(node))
+            node.reward.passed = ep.success if node.terminated else None
+            nodes.append(node)
+        turns.append(nodes)
+        frontier = [(n.problem, j, forks[j][2]) for j, n in enumerate(nodes) if not n.terminated]
+    return JointTree(problems, turns)
 
 
 @dataclass
