@@ -269,11 +269,12 @@ def test_episode_tree_children_continue_from_their_parents_state():
     assert all(n.terminated and n.reward.passed is False for n in second)
 
 
-def test_magrpo_with_one_role_on_sokoban(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("game", ["sokoban", "plan_path"])
+def test_magrpo_with_one_role_on_the_grid_games(tiny_model_dir, tmp_path, game):
     from marl_llm.trainer import train
 
     overrides = [o for o in tiny_overrides(tiny_model_dir, tmp_path) if not o.startswith("task.")]
-    cfg = compose_config(["task=sokoban", "task.roles=[plan]", "task.max_turns=2", "task.num_eval_levels=2",
+    cfg = compose_config([f"task={game}", "task.roles=[plan]", "task.max_turns=2", "task.num_eval_levels=2",
                           "algo.num_turns=2", *overrides])
     train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -137,3 +137,15 @@ def test_unreachable_wandb_never_stops_training(tiny_model_dir, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "W&B unavailable" in out.stderr
     assert any("train/reward" in line for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+
+
+def test_map_fields_take_new_keys_in_the_plain_form(tmp_path):
+    from marl_llm.cli import map_overrides
+
+    args = ["algo=at_grpo", "algo.policy_map={tool:a,plan:b}", "task=tldr", "task.data.files.train=/x.jsonl",
+            "algo.learning_rate=1e-4", "+extra=1"]
+    assert map_overrides(args) == ["algo=at_grpo", "++algo.policy_map={tool:a,plan:b}", "task=tldr",
+                                   "++task.data.files.train=/x.jsonl", "algo.learning_rate=1e-4", "+extra=1"]
+    out = run([CLI, "--cfg", "job", "algo.agent_sampling={main:{temperature:0.9}}"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "main:\n      temperature: 0.9" in out.stdout

@@ -155,6 +155,18 @@ def test_two_tasks_two_files_and_task_filter(tmp_path, capsys):
     assert main([str(root), "--out", str(only), "--task", "arxiv"]) == 2
 
 
+def test_turn_based_tasks_report_the_success_rate_first(tmp_path):
+    root = tmp_path / "runs"
+    game = {"reward": 0.5, "success_rate": 0.25, "rewards/solved/mean": 0.25}
+    make_run(root, "sok/a", algo="at_grpo", task="sokoban", seed=0, max_steps=0, evals={0: game})
+    make_run(root, "sok/b", algo="at_grpo", task="sokoban", seed=1, max_steps=0, evals={0: {**game, "success_rate": 0.75}})
+    out = tmp_path / "out"
+    assert main([str(root), "--out", str(out)]) == 0
+    rows = table_rows((out / "sokoban.md").read_text())
+    assert rows["__header__"][3:6] == ["success_rate", "eval/reward", "solved"]
+    assert rows["at_grpo"][3] == "0.500 ± 0.250"
+
+
 def test_commands_file_appended_verbatim(tmp_path, capsys):
     root = tmp_path / "runs"
     build_tldr(root)

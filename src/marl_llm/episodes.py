@@ -121,7 +121,7 @@ def collect_tree(
         turns.append(nodes)
         keep = [n for n in nodes if not n.terminated]
         if expand is not None:
-            siblings: dict[int, list[JointNode]] = {}
+            siblings: dict[tuple[int, int], list[JointNode]] = {}
             for n in keep:
                 siblings.setdefault((n.problem, n.parent), []).append(n)
             keep_ids = {id(n) for group in siblings.values() for n in expand(group)}

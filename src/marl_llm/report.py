@@ -233,7 +233,7 @@ def _metric_columns(runs: Sequence[Run]) -> list[str]:
     keys: dict[str, None] = {}  # insertion-ordered set: levels keep the order the task logs them in
     for r in runs:
         keys.update(dict.fromkeys(r.final_eval))
-    cols = [k for k in ("eval/reward", "eval/reward_ungated") if k in keys]
+    cols = [k for k in ("eval/success_rate", "eval/reward", "eval/reward_ungated") if k in keys]
     cols += [k for k in keys if _LEVEL_RE.match(k)]
     cols += sorted((k for k in keys if _PASS_RE.match(k)), key=lambda k: int(_PASS_RE.match(k).group(1)))
     return cols
@@ -312,7 +312,7 @@ def _header(key: str) -> str:
     m = _LEVEL_RE.match(key)
     if m:
         return m.group(1)
-    return key[len("eval/"):] if _PASS_RE.match(key) else key
+    return key[len("eval/"):] if _PASS_RE.match(key) or key == "eval/success_rate" else key
 
 
 def _esc(text: str) -> str:

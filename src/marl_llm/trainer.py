@@ -187,11 +187,14 @@ def train(cfg: DictConfig) -> float:
         if tc.summary_file:
             write_summary(Path(tc.summary_file), cfg, summary)
         before, after = summary["before"] or {}, summary["after"] or {}
-        if after:
+        keys = ("pass@1", "success_rate", "reward")
+        if after and before:
             shown = "held-out before -> after training: " + "  ".join(
-                f"{k} {before[k]:.3f} -> {after[k]:.3f}" for k in ("pass@1", "success_rate", "reward") if k in before and k in after)
+                f"{k} {before[k]:.3f} -> {after[k]:.3f}" for k in keys if k in before and k in after)
+        elif after:
+            shown = "held-out after training: " + "  ".join(f"{k} {after[k]:.3f}" for k in keys if k in after)
         else:
-            shown = "held-out, no training: " + "  ".join(f"{k} {before[k]:.3f}" for k in ("pass@1", "success_rate", "reward") if k in before)
+            shown = "held-out, no training: " + "  ".join(f"{k} {before[k]:.3f}" for k in keys if k in before)
         print(f"[marl-llm] {shown}  (summary: {tc.summary_file or run_dir / 'summary.json'})", flush=True)
         exit_code = 0
     finally:

@@ -129,6 +129,9 @@ class ATGRPO(Algorithm):
         if final and all(n.reward.passed is not None for n in final):
             out[getattr(self.task, "success_metric", "pass@1")] = mean([float(bool(n.reward.passed)) for n in final])
         out.update(level_metrics(final))
+        a = self.cfg
+        out["groups"] = float(len(tree.groups))
+        out["groups_kept"] = float(len(filter_groups(tree.groups, a.filter_zero_std, a.filter_low_mean_frac)))
         return out
 
     # ------------------------------------------------------------------------------ advantages
@@ -144,13 +147,12 @@ class ATGRPO(Algorithm):
             advs[agent].extend(group_advantages(g.scores, a.eps, a.unbiased_std))
         for b, v in zip(batches, advs):
             b.advantages = torch.tensor(v, dtype=torch.float32)
-        self.last_group_stats = {"groups": float(len(tree.groups)), "groups_kept": float(len(groups))}
         return batches
 
     # ---------------------------------------------------------------------------------- update
     def update(self, batches: list[AgentBatch]) -> dict[str, float]:
         a = self.cfg
-        stats: dict[str, float] = dict(getattr(self, "last_group_stats", {}))
+        stats: dict[str, float] = {}
         for key in self.policies.trainable_adapters():
             agents = [i for i in self.policies.agents_of(key) if batches[i].completions]
             if not agents:

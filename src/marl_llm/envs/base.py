@@ -47,13 +47,17 @@ class GridEnv(ABC):
     def render(self) -> str:
         """The ASCII observation shown to the agents (grid, legend, progress line)."""
 
-    @property
-    @abstractmethod
-    def done(self) -> bool: ...
+    # Set by step(): the episode is over / it ended solved (a move cap is never a success).
+    _done: bool = False
+    _success: bool = False
 
     @property
-    @abstractmethod
-    def success(self) -> bool: ...
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def success(self) -> bool:
+        return self._success
 
     @abstractmethod
     def optimal_length(self) -> int | None:

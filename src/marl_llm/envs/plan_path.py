@@ -217,14 +217,6 @@ class PlanPathEnv(GridEnv):
         res.info["moves"] = self.moves
         return res
 
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    @property
-    def success(self) -> bool:
-        return self._success
-
     def optimal_length(self) -> int | None:
         """BFS distance from the current position to the goal (None if unreachable)."""
         return self._dist.get(self.pos)

@@ -346,14 +346,6 @@ class SokobanEnv(GridEnv):
         raise RuntimeError(f"no solvable Sokoban level found for seed {seed}")
 
     # ------------------------------------------------------------------ dynamics
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    @property
-    def success(self) -> bool:
-        return self._success
-
     def boxes_on_goals(self) -> int:
         return sum(1 for b in self.boxes if b in self.goals)
 
