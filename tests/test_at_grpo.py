@@ -125,7 +125,16 @@ def test_group_keys_never_merge_environments():
         assert len(g.completions) == 4
         # every candidate of a group came from the same environment's prompt (same prompt ids)
         assert len({tuple(c.prompt_ids.tolist()) for c in g.completions}) == 1
-    assert {g.key[0] for g in groups} == {p.uid for p in problems}
+    assert {g.key[0].split("/", 1)[1] for g in groups} == {p.uid for p in problems}
+
+
+def test_one_level_drawn_twice_is_two_environments():
+    task = CounterTask(target=100, max_turns=1)
+    problem = task.load_split("train")[0]
+    _, groups = run_episodes(task, fake_generate(lambda r, j: str(j % 3)), [problem, problem], SAMPLING,
+                             num_turns=1, k=3)
+    assert len({g.key for g in groups}) == len(groups) == 4  # 2 instances x 2 agents
+    assert all(len(g.completions) == 3 for g in groups)
 
 
 def test_random_selection_is_seeded():

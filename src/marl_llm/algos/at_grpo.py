@@ -33,7 +33,7 @@ from marl_llm.algos.update import UpdateSettings, policy_update
 from marl_llm.episodes import JointNode, JointTree, collect_tree
 from marl_llm.evaluation import level_metrics
 from marl_llm.tasks.base import Problem
-from marl_llm.tasks.turn_based import CandidateGroup, TurnTask, run_episodes
+from marl_llm.tasks.turn_based import CandidateGroup, TurnTask, env_key, run_episodes
 
 
 @dataclass
@@ -101,8 +101,8 @@ class ATGRPO(Algorithm):
                 scores = [a.alpha * n.reward.total for n in siblings]  # team reward; no role reward here
                 chosen = scores.index(max(scores))
                 for i in range(self.task.num_agents):
-                    groups.append(CandidateGroup((tree.problems[b].uid, i, t), [n.completions[i] for n in siblings],
-                                                 scores, chosen))
+                    groups.append(CandidateGroup((env_key(b, tree.problems[b].uid), i, t),
+                                                 [n.completions[i] for n in siblings], scores, chosen))
         return ATTree(tree.problems, tree.turns, groups)
 
     supports_turn_tasks = True

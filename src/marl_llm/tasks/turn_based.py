@@ -151,11 +151,17 @@ def collect_episode_tree(task: TurnTask, generate: Callable[[list[GenRequest]], 
     return JointTree(problems, turns)
 
 
+def env_key(index: int, uid: str) -> str:
+    """A group key's environment part: unique per environment *instance* of a step, even when one
+    level is drawn twice (the uid alone would merge the two episodes' groups)."""
+    return f"{index}/{uid}"
+
+
 @dataclass
 class CandidateGroup:
     """The K candidates of one agent at one turn of one environment: an AT-GRPO group."""
 
-    key: tuple[str, int, int]  # (environment uid, agent, turn)
+    key: tuple[str, int, int]  # (environment instance, agent, turn)
     completions: list[Completion]
     scores: list[float]
     chosen: int
@@ -195,7 +201,7 @@ def run_episodes(task: TurnTask, generate: Callable[[list[GenRequest]], list[Com
                 outcomes = episodes[b].evaluate(i, [c.text for c in comps])
                 values = [o.score(alpha) for o in outcomes]
                 c = values.index(max(values)) if select == "best" else rng.randrange(k)
-                groups.append(CandidateGroup((episodes[b].uid, i, t), comps, values, c))
+                groups.append(CandidateGroup((env_key(b, episodes[b].uid), i, t), comps, values, c))
                 episodes[b].commit(i, outcomes[c])
                 chosen[b].append(comps[c])
                 scores[b] += values[c]
