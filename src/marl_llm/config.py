@@ -60,22 +60,36 @@ class LoraConfig:
 
 
 @dataclass
-class PromptBaselineConfig:
-    """The prompt-only multi-agent baselines (evaluation only, greedy): parallel | sequential |
-    discussion. Only `sampling.max_new_tokens` matters for greedy evaluation; temperature and
-    top_p apply to sampled pass@k (trainer.eval_num_samples)."""
+class PolicyConfig:
+    """What every algorithm's agents are (models.AgentPolicies) and how they sample: the keys
+    shared by all algorithm schemas, which add their own."""
 
     name: str = MISSING
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    agent_sampling: Dict[str, Any] = field(default_factory=dict)
+    # per_agent: one LoRA adapter (and optimizer) per agent; shared: one adapter for all agents.
     adapters: str = "per_agent"
+    # An explicit map from agent name to policy name, e.g. {tool: coder, plan: coder}; agents
+    # mapped to one name share its adapter. Overrides `adapters`; {}: off.
+    policy_map: Dict[str, str] = field(default_factory=dict)
     lora: LoraConfig = field(default_factory=LoraConfig)
-    learning_rate: float = 1e-5
+    learning_rate: float = 5e-5
     weight_decay: float = 0.0
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    # Per-agent overrides of `sampling`, keyed by agent name, e.g. {main: {temperature: 0.9}}.
+    agent_sampling: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
-class MAGRPOConfig:
+class PromptBaselineConfig(PolicyConfig):
+    """The prompt-only multi-agent baselines (evaluation only, greedy): parallel | sequential |
+    discussion. Only `sampling.max_new_tokens` matters for greedy evaluation; temperature and
+    top_p apply to sampled pass@k (trainer.eval_num_samples). The policy keys only shape the
+    untrained (zero-initialized) adapters."""
+
+    learning_rate: float = 1e-5
+
+
+@dataclass
+class MAGRPOConfig(PolicyConfig):
     name: str = "magrpo"
     # G: completions each agent samples at every node of the rollout tree.
     num_generations: int = 4
@@ -91,12 +105,7 @@ class MAGRPOConfig:
     discount: float = 1.0
     # A joint action whose (shifted) reward is >= this is not expanded in later turns. Null: off.
     early_termination: Optional[float] = None
-    learning_rate: float = 5e-5
-    weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    # per_agent: one LoRA adapter (and optimizer) per agent; shared: one adapter for all agents.
-    adapters: str = "per_agent"
-    lora: LoraConfig = field(default_factory=LoraConfig)
     # seq_sum: the paper's sum of token log-probs per completion; token_mean: mean over all tokens.
     loss_aggregation: str = "seq_sum"
     # PPO ratio clipping (null: off, the paper's single on-policy step) and inner epochs.
@@ -106,13 +115,10 @@ class MAGRPOConfig:
     kl_coef: float = 0.0
     # reward: shape the return R' = R - kl_coef * KL (the reference's); loss: add to the loss.
     kl_mode: str = "reward"
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    # Per-agent overrides of `sampling`, keyed by agent name, e.g. {main: {temperature: 0.9}}.
-    agent_sampling: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
-class ATGRPOConfig:
+class ATGRPOConfig(PolicyConfig):
     """AT-GRPO (arXiv 2510.11062): tree sampling per agent and turn, groups keyed by
     (environment, agent, turn), reward alpha * team + local, PPO clipped surrogate."""
 
@@ -132,21 +138,15 @@ class ATGRPOConfig:
     filter_zero_std: bool = False
     filter_low_mean_frac: float = 0.0
     learning_rate: float = 5.0e-6
-    weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    # Policies: per_agent (one adapter per role) | shared (one adapter); or an explicit map
-    # from agent name to policy name, e.g. {tool: coder, plan: coder} (overrides `adapters`).
+    # Policies: one for all roles by default (per_agent: one per role; or `policy_map`).
     adapters: str = "shared"
-    policy_map: Dict[str, str] = field(default_factory=dict)
-    lora: LoraConfig = field(default_factory=LoraConfig)
     # PPO clipped surrogate with token-mean aggregation over `ppo_epochs` passes; each pass cut
     # into mini-batches of `mini_batch_size` samples (one optimizer step each; null: one step).
     clip_eps: float = 0.2
     ppo_epochs: int = 1
     mini_batch_size: Optional[int] = 16
     loss_aggregation: str = "token_mean"
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    agent_sampling: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -376,10 +376,22 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "logger.name", ("wandb", "none"))
     if cfg.logger.mode is not None:
         _choice(cfg, "logger.mode", ("online", "offline", "disabled"))
+    # The policy keys every algorithm schema has (PolicyConfig).
+    _choice(cfg, "algo.adapters", ("per_agent", "shared"))
+    _check(a.learning_rate > 0, "algo.learning_rate", f"{a.learning_rate} must be > 0")
+    _check(a.weight_decay >= 0, "algo.weight_decay", "must be >= 0")
+    _check(a.lora.r >= 1, "algo.lora.r", "must be >= 1")
+    _check(len(a.lora.target_modules) > 0, "algo.lora.target_modules", "name at least one module")
+    _check_sampling("algo.sampling", a.sampling)
+    for agent, over in a.agent_sampling.items():
+        _check(isinstance(over, (dict, DictConfig)), f"algo.agent_sampling.{agent}", "must be a mapping")
+        unknown = set(over) - set(SamplingConfig.__dataclass_fields__)
+        _check(not unknown, f"algo.agent_sampling.{agent}",
+               f"unknown keys {sorted(unknown)}; valid: {sorted(SamplingConfig.__dataclass_fields__)}")
+        _check_sampling(f"algo.agent_sampling.{agent}", {**a.sampling, **over})
     if a.name in ("magrpo", "single"):
         _choice(cfg, "algo.joint_mode", ("align", "cross"))
         _choice(cfg, "algo.baseline", ("mean", "rloo", "max", "raw"))
-        _choice(cfg, "algo.adapters", ("per_agent", "shared"))
         _choice(cfg, "algo.loss_aggregation", ("seq_sum", "token_mean"))
         _choice(cfg, "algo.kl_mode", ("reward", "loss"))
         _check(a.num_generations >= 1, "algo.num_generations", "must be >= 1")
@@ -389,36 +401,23 @@ def validate(cfg: DictConfig) -> None:
         _check(a.joint_mode == "align" or a.num_turns == 1, "algo.joint_mode",
                "cross is single-turn (G^N joint actions per node): set algo.num_turns=1 or algo.joint_mode=align")
         _check(0.0 <= a.discount <= 1.0, "algo.discount", "must be in [0, 1]")
-        _check(a.learning_rate > 0, "algo.learning_rate", f"{a.learning_rate} must be > 0")
-        _check(a.weight_decay >= 0, "algo.weight_decay", "must be >= 0")
         _check(a.max_grad_norm > 0, "algo.max_grad_norm", "must be > 0")
         _check(a.clip_eps is None or a.clip_eps > 0, "algo.clip_eps", "must be > 0 or null")
         _check(a.ppo_epochs >= 1, "algo.ppo_epochs", "must be >= 1")
         _check(a.ppo_epochs == 1 or a.clip_eps is not None, "algo.ppo_epochs",
                "several inner epochs need ratio clipping: set algo.clip_eps (e.g. 0.2)")
         _check(a.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
-        _check(a.lora.r >= 1, "algo.lora.r", "must be >= 1")
-        _check(len(a.lora.target_modules) > 0, "algo.lora.target_modules", "name at least one module")
     if a.name == "at_grpo":
         _choice(cfg, "algo.select", ("best", "random"))
-        _choice(cfg, "algo.adapters", ("per_agent", "shared"))
         _choice(cfg, "algo.loss_aggregation", ("token_mean", "seq_sum"))
         _check(a.num_branches >= 2, "algo.num_branches", "K must be >= 2: a group of one has no advantage")
         _check(a.num_turns >= 1, "algo.num_turns", "must be >= 1")
         _check(a.eps > 0, "algo.eps", "must be > 0")
         _check(0.0 <= a.filter_low_mean_frac < 1.0, "algo.filter_low_mean_frac", "must be in [0, 1)")
-        _check(a.learning_rate > 0, "algo.learning_rate", f"{a.learning_rate} must be > 0")
+        _check(a.max_grad_norm > 0, "algo.max_grad_norm", "must be > 0")
         _check(a.clip_eps > 0, "algo.clip_eps", "must be > 0")
         _check(a.ppo_epochs >= 1, "algo.ppo_epochs", "must be >= 1")
         _check(a.mini_batch_size is None or a.mini_batch_size >= 1, "algo.mini_batch_size", "must be >= 1 or null")
-    if "sampling" in a:
-        _check_sampling("algo.sampling", a.sampling)
-        for agent, over in a.agent_sampling.items():
-            _check(isinstance(over, (dict, DictConfig)), f"algo.agent_sampling.{agent}", "must be a mapping")
-            unknown = set(over) - set(SamplingConfig.__dataclass_fields__)
-            _check(not unknown, f"algo.agent_sampling.{agent}",
-                   f"unknown keys {sorted(unknown)}; valid: {sorted(SamplingConfig.__dataclass_fields__)}")
-            _check_sampling(f"algo.agent_sampling.{agent}", {**a.sampling, **over})
     if "data" in cfg.task:
         _choice(cfg, "task.data.source", ("auto", "hub", "files", "packaged"))
         for key in ("train_split", "eval_split", "packaged_train_split", "packaged_eval_split"):
