@@ -64,3 +64,14 @@ def test_validation_levels_are_fixed_and_training_levels_differ():
     assert len(renders) >= 15
     assert task.new_episode(evals[0]).env.render() == task.new_episode(evals[0]).env.render()
     assert not {p.data["seed"] for p in task.load_split("train")[:1000]} & {p.data["seed"] for p in evals}
+
+
+def test_tool_programs_of_several_episodes_are_scored_in_one_batch():
+    task = make("plan_path")
+    episodes = [task.new_episode(p) for p in task.load_split("eval")[:3]]
+    texts = [[f"```python\nprint({json.dumps(ep.env.shortest_path())})\n```", "print('no moves')"] for ep in episodes]
+    batched = task.evaluate_many(0, list(zip(episodes, texts)))
+    one_by_one = [ep.evaluate(0, t) for ep, t in zip(episodes, texts)]
+    assert [[(o.team, o.local, o.info["actions"]) for o in outs] for outs in batched] == \
+        [[(o.team, o.local, o.info["actions"]) for o in outs] for outs in one_by_one]
+    assert all(outs[0].team == 1.0 and outs[1].info["actions"] == [] for outs in batched)

@@ -102,7 +102,7 @@ def evaluate(algo: "Algorithm", problems: "list[Problem]", trainer_cfg: Any) -> 
     if num_turns > 1:
         for t, turn in enumerate(tree.turns):
             metrics[f"turn_{t + 1}/reward"] = sum(n.reward.total for n in turn) / len(turn)
-    success = getattr(task, "success_metric", "pass@1")  # turn-based tasks: success_rate
+    success = task.success_metric  # turn-based tasks: success_rate
     if all(n.reward.passed is not None for n in final):
         metrics[success] = sum(bool(n.reward.passed) for n in final) / len(final)
         for t, turn in enumerate(tree.turns):

@@ -127,7 +127,7 @@ class ATGRPO(Algorithm):
             out[f"turn_{t + 1}/reward"] = mean([x for g in tree.groups if g.key[2] == t for x in g.scores])
         final = [n for n in tree.nodes() if n.terminated]
         if final and all(n.reward.passed is not None for n in final):
-            out[getattr(self.task, "success_metric", "pass@1")] = mean([float(bool(n.reward.passed)) for n in final])
+            out[self.task.success_metric] = mean([float(bool(n.reward.passed)) for n in final])
         out.update(level_metrics(final))
         a = self.cfg
         out["groups"] = float(len(tree.groups))

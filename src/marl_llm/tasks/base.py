@@ -63,6 +63,8 @@ class Task(ABC):
     required_fields: ClassVar[tuple[str, ...]] = ()
     # Turns the environment supports (None: any; single-turn tasks do not override next_prompts).
     max_turns: ClassVar[int | None] = None
+    # Evaluation's name for the fraction of final joint actions with reward.passed (code: pass@1).
+    success_metric: ClassVar[str] = "pass@1"
 
     def __init__(self, cfg: Any):
         self.cfg = cfg

@@ -98,25 +98,28 @@ class GridEpisode(Episode):
     def evaluate(self, agent: int, texts: list[str]) -> list[Outcome]:
         if self.task.agent_names[agent] == "tool":
             codes = [extract_code(t) for t in texts]
-            runs = run_programs(codes, self.task.limits, self.task.workers)
-            outcomes = []
-            for code, run in zip(codes, runs):
-                actions, error = parse_action_list(run.stdout.strip().splitlines()[-1] if run.stdout.strip() else "")
-                if not code.strip():
-                    error = "no program"
-                elif run.status.value != "passed" and not actions:
-                    error = f"the program did not finish cleanly ({run.status.value})"
-                env, result = self._try(actions)
-                outcomes.append(Outcome(float(env.success), result.reward, None, {
-                    "code": code, "output": run.stdout, "actions": actions, "error": error,
-                    "summary": self._summary(actions, env, result, error)}))
-            return outcomes
+            return self.tool_outcomes(codes, run_programs(codes, self.task.limits, self.task.workers))
         outcomes = []
         for text in texts:
             actions, error = parse_final_actions(text)
             env, result = self._try(actions)
             outcomes.append(Outcome(float(env.success), result.reward, env, {
                 "actions": actions, "error": error, "reward": result.reward,
+                "summary": self._summary(actions, env, result, error)}))
+        return outcomes
+
+    def tool_outcomes(self, codes: list[str], runs: list[Any]) -> list[Outcome]:
+        """Outcomes of the tool's programs from their sandbox runs: the printed moves tried on copies."""
+        outcomes = []
+        for code, run in zip(codes, runs):
+            actions, error = parse_action_list(run.stdout.strip().splitlines()[-1] if run.stdout.strip() else "")
+            if not code.strip():
+                error = "no program"
+            elif run.status.value != "passed" and not actions:
+                error = f"the program did not finish cleanly ({run.status.value})"
+            env, result = self._try(actions)
+            outcomes.append(Outcome(float(env.success), result.reward, None, {
+                "code": code, "output": run.stdout, "actions": actions, "error": error,
                 "summary": self._summary(actions, env, result, error)}))
         return outcomes
 
@@ -155,6 +158,14 @@ class GridGameTask(TurnTask):
 
     def make_env(self) -> GridEnv:
         raise NotImplementedError
+
+    def evaluate_many(self, agent: int, jobs: list[tuple[Episode, list[str]]]) -> list[list[Outcome]]:
+        """The tool's programs of every episode run in one parallel sandbox batch."""
+        if self.agent_names[agent] != "tool":
+            return super().evaluate_many(agent, jobs)
+        codes = [[extract_code(t) for t in texts] for _, texts in jobs]
+        runs = iter(run_programs([c for cs in codes for c in cs], self.limits, self.workers))
+        return [episode.tool_outcomes(cs, [next(runs) for _ in cs]) for (episode, _), cs in zip(jobs, codes)]
 
     def load_split(self, split: str) -> list[Problem]:
         c = self.cfg

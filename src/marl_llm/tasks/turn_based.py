@@ -106,6 +106,11 @@ class TurnTask(Task):
     def num_turns(self) -> int:
         return int(self.cfg.max_turns)
 
+    def evaluate_many(self, agent: int, jobs: list[tuple[Episode, list[str]]]) -> list[list[Outcome]]:
+        """Score the candidate texts of several episodes (each on its own copies); tasks whose
+        scoring runs programs override this to run all of them in one parallel batch."""
+        return [episode.evaluate(agent, texts) for episode, texts in jobs]
+
     # The joint-reward interface does not apply: agents act on a shared state in turn order.
     def initial_prompts(self, problem: Problem) -> list[str]:
         return [self.new_episode(problem).observation(i) for i in range(self.num_agents)]
@@ -132,8 +137,9 @@ def collect_episode_tree(task: TurnTask, generate: Callable[[list[GenRequest]], 
         scores = [0.0] * len(forks)
         for i in range(task.num_agents):
             requests = [GenRequest(i, ep.observation(i), sampling[i]) for _, _, ep in forks]
-            for j, ((_, _, ep), req, comp) in enumerate(zip(forks, requests, generate(requests))):
-                outcome = ep.evaluate(i, [comp.text])[0]
+            completions = generate(requests)
+            outcomes = task.evaluate_many(i, [(ep, [c.text]) for (_, _, ep), c in zip(forks, completions)])
+            for j, ((_, _, ep), req, comp, [outcome]) in enumerate(zip(forks, requests, completions, outcomes)):
                 ep.commit(i, outcome)
                 prompts[j].append(req.message)
                 chosen[j].append(comp)
@@ -141,14 +147,23 @@ def collect_episode_tree(task: TurnTask, generate: Callable[[list[GenRequest]], 
         nodes = []
         for j, (b, parent, ep) in enumerate(forks):
             ep.end_turn()
-            node = JointNode(b, t, parent, prompts[j], chosen[j], (j % width,) * task.num_agents,
-                             JointReward(scores[j], ep.levels()), [[Turn(p, c.text)] for p, c in zip(prompts[j], chosen[j])])
-            node.terminated = ep.done or t == len(widths) - 1 or (terminate is not None and terminate(node))
-            node.reward.passed = ep.success if node.terminated else None
+            node = _turn_node(b, t, parent, prompts[j], chosen[j], j % width, scores[j], ep, t == len(widths) - 1)
+            if not node.terminated and terminate is not None and terminate(node):
+                node.terminated, node.reward.passed = True, ep.success
             nodes.append(node)
         turns.append(nodes)
         frontier = [(n.problem, j, forks[j][2]) for j, n in enumerate(nodes) if not n.terminated]
     return JointTree(problems, turns)
+
+
+def _turn_node(problem: int, turn: int, parent: int, prompts: list[str], completions: list[Completion],
+               choice: int, score: float, episode: Episode, last_turn: bool) -> JointNode:
+    """The joint action an episode committed in one turn, as a node of the rollout tree."""
+    terminated = episode.done or last_turn
+    reward = JointReward(score, episode.levels(), passed=episode.success if terminated else None)
+    history = [[Turn(p, c.text)] for p, c in zip(prompts, completions)]
+    return JointNode(problem, turn, parent, prompts, completions, (choice,) * len(prompts), reward, history,
+                     terminated=terminated)
 
 
 def env_key(index: int, uid: str) -> str:
@@ -196,9 +211,10 @@ def run_episodes(task: TurnTask, generate: Callable[[list[GenRequest]], list[Com
                 prompts[b].append(episodes[b].observation(i))
                 requests += [GenRequest(i, prompts[b][-1], sampling[i])] * k
             completions = generate(requests)
-            for j, b in enumerate(active):
-                comps = completions[j * k:(j + 1) * k]
-                outcomes = episodes[b].evaluate(i, [c.text for c in comps])
+            candidates = [completions[j * k:(j + 1) * k] for j in range(len(active))]
+            scored = task.evaluate_many(i, [(episodes[b], [c.text for c in comps])
+                                            for b, comps in zip(active, candidates)])
+            for b, comps, outcomes in zip(active, candidates, scored):
                 values = [o.score(alpha) for o in outcomes]
                 c = values.index(max(values)) if select == "best" else rng.randrange(k)
                 groups.append(CandidateGroup((env_key(b, episodes[b].uid), i, t), comps, values, c))
@@ -208,12 +224,8 @@ def run_episodes(task: TurnTask, generate: Callable[[list[GenRequest]], list[Com
         nodes = []
         for b in active:
             episodes[b].end_turn()
-            e = episodes[b]
-            history = [[Turn(p, c.text)] for p, c in zip(prompts[b], chosen[b])]
-            nodes.append(JointNode(b, t, parents[b], prompts[b], chosen[b], (0,) * task.num_agents,
-                                   JointReward(scores[b], e.levels(), passed=e.success if e.done or
-                                               t == num_turns - 1 else None), history,
-                                   terminated=e.done or t == num_turns - 1))
+            nodes.append(_turn_node(b, t, parents[b], prompts[b], chosen[b], 0, scores[b], episodes[b],
+                                    t == num_turns - 1))
         for j, n in enumerate(nodes):
             parents[n.problem] = j
         turns.append(nodes)
