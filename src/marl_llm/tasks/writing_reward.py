@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from marl_llm.tasks.base import JointReward
@@ -112,9 +112,8 @@ def jaccard(a: str, b: str) -> float:
 
 def band_score(x: float, band: Sequence[float | None], full: float) -> float | None:
     """Credit of `x` in band [ramp_lo, lo, hi, ramp_hi] (see the module docstring); None: stop."""
-    ramp_lo, lo, hi, ramp_hi = (math.inf if v is None else float(v) for v in band)
-    ramp_lo = -math.inf if band[0] is None else ramp_lo
-    lo = -math.inf if band[1] is None else lo
+    ramp_lo, lo = (-math.inf if v is None else float(v) for v in band[:2])
+    hi, ramp_hi = (math.inf if v is None else float(v) for v in band[2:])
     if lo <= x <= hi:
         return full
     if ramp_lo <= x < lo:
@@ -134,7 +133,6 @@ class WritingRewardSpec:
     jaccard_cap: float = 0.03
     transitions_in: str = "second"
     transition_form: str = "linear"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_cfg(cls, cfg: Any) -> "WritingRewardSpec":

@@ -11,11 +11,16 @@ import evaluate
 
 from marl_llm.tasks.writing_reward import LEVEL_MAX, WritingRewardSpec, score_writing
 
-SPECS = {
-    "tldr": WritingRewardSpec(),
-    "arxiv": WritingRewardSpec(words=(128, 256), length_ratio=(0.8, 1.3, 1.6, 2.0),
-                               vocabulary_ratio=(0.5, 0.7, 1.3, 1.7), jaccard_cap=0.23, transitions_in="both"),
-}
+
+
+def task_spec(task):
+    """The bands of conf/task/<task>.yaml (the package's own config), so both stay in step."""
+    from importlib import resources
+
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(str(resources.files("marl_llm.conf").joinpath("task", f"{task}.yaml")))
+    return WritingRewardSpec.from_cfg(cfg.reward)
 
 
 class WritingReward(evaluate.Metric):
@@ -29,9 +34,8 @@ class WritingReward(evaluate.Metric):
         )
 
     def _compute(self, first, second, transition_form="linear"):
-        name = self.config_name if self.config_name in SPECS else "tldr"
-        spec = SPECS[name]
-        spec = WritingRewardSpec(**{**spec.__dict__, "transition_form": transition_form})
+        name = self.config_name if self.config_name in ("tldr", "arxiv") else "tldr"
+        spec = WritingRewardSpec(**{**task_spec(name).__dict__, "transition_form": transition_form})
         scores = [score_writing(a, b, spec) for a, b in zip(first, second)]
         n = max(len(scores), 1)
         out = {"reward": sum(s.total for s in scores) / n,
