@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import REPO, VENV_BIN
 
@@ -149,3 +150,19 @@ def test_map_fields_take_new_keys_in_the_plain_form(tmp_path):
     out = run([CLI, "--cfg", "job", "algo.agent_sampling={main:{temperature:0.9}}"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert "main:\n      temperature: 0.9" in out.stdout
+
+
+def test_embedded_model_actor_critic_on_strbuild(tmp_path):
+    """CoLLM-CC from its matched-budget preset on the embedded model: one short step on StrBuild."""
+    run_dir = tmp_path / "run"
+    out = run([CLI, "experiment=matched_strbuild_collm_cc", "algo.num_turns=2", "trainer.prompts_per_step=2",
+               "algo.sampling.max_new_tokens=16", "trainer.max_steps=1", "task.num_eval=1", "trainer.eval_before=false",
+               f"hydra.run.dir={run_dir}"], tmp_path, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_row = next(r for r in rows if "train/reward" in r)
+    assert -2.75 <= train_row["train/reward"] <= 2.0 and train_row["train/joint_actions"] <= 4
+    assert "train/critic/vf_loss" in train_row and "train/builder2/loss" in train_row
+    assert "eval/success_rate" in rows[-1] and "eval/rewards/coverage/mean" in rows[-1]
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert set(ckpt["algorithm"]["critics"]) == {"critic"}

@@ -13,7 +13,7 @@ PNG_MAGIC = b"\x89PNG"
 def make_run(root: Path, name: str, *, algo: str, seed: int, task: str = "tldr", max_steps: int = 5,
              train: dict[int, float] | None = None, evals: dict[int, dict[str, float]] | None = None,
              wall_s: float = 10.0, group: str | None = None, finished: bool = True,
-             extra_lines: list[str] = ()) -> Path:
+             extra_lines: list[str] = (), joint_actions: float | None = None) -> Path:
     """A run dir as the trainer writes it: config.yaml, metrics.jsonl and (if finished) summary.json."""
     d = root / name
     d.mkdir(parents=True)
@@ -27,7 +27,10 @@ def make_run(root: Path, name: str, *, algo: str, seed: int, task: str = "tldr",
         if step in evals:
             lines.append(json.dumps({"step": step, **{f"eval/{k}": v for k, v in evals[step].items()}}))
         if train and step in train:
-            lines.append(json.dumps({"step": step, "train/reward": train[step], "train/loss": 0.1}))
+            row = {"step": step, "train/reward": train[step], "train/loss": 0.1}
+            if joint_actions is not None:
+                row["train/joint_actions"] = joint_actions
+            lines.append(json.dumps(row))
     (d / "metrics.jsonl").write_text("\n".join([*lines, *extra_lines]) + "\n")
     if finished:
         before = {k: v for k, v in evals.get(0, {}).items()} or None
@@ -193,3 +196,27 @@ def test_group_label_duplicate_seed_warning_and_python_api(tmp_path, capsys):
     assert [p["step"] for p in m["eval_curve"]] == [0, 5]
     written = write_report(runs, tmp_path / "out")
     assert [p.name for p in written] == ["tldr.md", "tldr_eval_reward.png"]
+
+
+def test_matched_budget_table_sums_the_joint_actions(tmp_path):
+    root, out = tmp_path / "runs", tmp_path / "results"
+    ev = {0: {"reward": 0.0}, 4: {"reward": 1.0}}
+    # MAGRPO: 4 steps x 30 joint actions; CoLLM-CC: 6 steps x 20 (seed 1 stopped early: 6 x 18).
+    make_run(root, "magrpo/0", algo="magrpo", seed=0, task="strbuild", max_steps=4,
+             train={s: 0.1 for s in range(1, 5)}, evals=ev, joint_actions=30)
+    make_run(root, "cc/0", algo="collm_cc", seed=0, task="strbuild", max_steps=6,
+             train={s: 0.1 for s in range(1, 7)}, evals=ev, joint_actions=20)
+    make_run(root, "cc/1", algo="collm_cc", seed=1, task="strbuild", max_steps=6,
+             train={s: 0.1 for s in range(1, 7)}, evals=ev, joint_actions=18)
+    assert main([str(root), "--out", str(out)]) == 0
+    rows = table_rows((out / "strbuild.md").read_text())
+    col = rows["__header__"].index("joint actions")
+    assert rows["magrpo"][col] == "120 ± 0" and rows["collm_cc"][col] == "114 ± 6"
+    assert "joint actions" not in table_rows(_tldr_table(tmp_path))["__header__"]  # runs that do not log it
+
+
+def _tldr_table(tmp_path):
+    root, out = tmp_path / "tldr_runs", tmp_path / "tldr_results"
+    build_tldr(root)
+    main([str(root), "--out", str(out)])
+    return (out / "tldr.md").read_text()

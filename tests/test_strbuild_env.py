@@ -210,10 +210,11 @@ def test_feedback_and_render():
     env.end_turn()
     fb0 = env.feedback(0)
     assert "red_wool" in fb0 and "blue_wool" not in fb0.split("\n")[0]
-    assert "(0, 4, 0)" in fb0  # a missing position
+    assert "(0,4,0)" in fb0  # a missing position
+    assert "Turn 1/4. Built so far:" in fb0 and "A=red_wool" in fb0 and "E=cyan_wool" not in fb0
     assert "Missing target positions (" + str(len(env.target_cells()) - 2) + ")" in fb0
     assert "not in your palette" in fb0 and "/fill" in fb0
-    assert "Extra non-target blocks (1): (5, 0, 0)" in fb0
+    assert "Extra non-target blocks (1): (5,0,0)" in fb0
     assert "#...#.#####" in fb0  # target drawing, top row of "HI"
     fb1 = env.feedback(1)
     assert "Your rejected commands last turn (0): none" in fb1
@@ -227,7 +228,7 @@ def test_feedback_list_cap():
     env = StrBuildEnv("HELLO WORLD")
     assert len(env.target_cells()) > 40
     fb = env.feedback(0)
-    assert f"... and {len(env.target_cells()) - 40} more" in fb
+    assert f"... and {len(env.target_cells()) - 40} more" in fb and "Nothing built yet." in fb
 
 
 def test_deepcopy_independent():

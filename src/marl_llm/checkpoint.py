@@ -42,12 +42,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(run_dir: Path, cfg: DictConfig, policies: AgentPolicies, step: int,
-                    wandb_id: str | None) -> Path:
+                    wandb_id: str | None, algorithm_state: dict[str, Any] | None = None) -> Path:
+    """algorithm_state: the algorithm's own training state (critics, ...), `Algorithm.state_dict()`."""
     path = run_dir / CHECKPOINT
     atomic_torch_save({
         "step": step,
         "adapters": policies.adapter_state(),
         "optimizers": policies.optimizer_state(),
+        "algorithm": algorithm_state or {},
         "rng": rng_state(),
         "config": OmegaConf.to_container(cfg, resolve=True),
         "wandb_id": wandb_id,
@@ -55,8 +57,9 @@ def save_checkpoint(run_dir: Path, cfg: DictConfig, policies: AgentPolicies, ste
     return path
 
 
-def load_checkpoint(run_dir: Path, policies: AgentPolicies) -> dict[str, Any] | None:
-    """Restore adapters, optimizers and RNG states from run_dir; returns the checkpoint (or None)."""
+def load_checkpoint(run_dir: Path, policies: AgentPolicies, algorithm: Any = None) -> dict[str, Any] | None:
+    """Restore adapters, optimizers, the algorithm's state (critics) and RNG states from run_dir;
+    returns the checkpoint (or None)."""
     path = run_dir / CHECKPOINT
     if not path.is_file():
         return None
@@ -64,6 +67,8 @@ def load_checkpoint(run_dir: Path, policies: AgentPolicies) -> dict[str, Any] | 
     try:
         policies.load_adapter_state(ckpt["adapters"])
         policies.load_optimizer_state(ckpt["optimizers"])
+        if algorithm is not None:
+            algorithm.load_state_dict(ckpt.get("algorithm", {}))
     except (KeyError, RuntimeError, ValueError) as err:
         raise UserError(f"{path} does not match this config's agents/adapters ({err}); resume with the "
                         "config the run was started with, or start a new run dir (hydra.run.dir=...)") from None

@@ -160,6 +160,54 @@ class SingleConfig(MAGRPOConfig):
 
 # ---------------------------------------------------------------------------------------- task
 @dataclass
+class CriticConfig:
+    # Where the critic lives: `adapter` (one more LoRA adapter on the actors' frozen base, the
+    # default), `separate` (a separate copy of the base, fully fine-tuned: the reference code's
+    # critic), `actor` (collm_dc only: a value head on the agent's own actor adapter, shared trunk).
+    placement: str = "adapter"
+    # `value`: V(h) read at the last prompt token; `q`: Q(h, a) read at the last completion token
+    # (CC appends the joint action to the joint history, DC the agent's own action).
+    kind: str = "value"
+    learning_rate: float = 5.0e-6
+    weight_decay: float = 0.01
+    # c_v in c_v * mean((y - V)^2).
+    loss_coef: float = 0.6
+    # PPO-style value clipping around the collection-time value (null: off; 0.2 with placement=actor).
+    value_clip: Optional[float] = None
+    # Linear + Tanh before the scalar head.
+    hidden_layer: bool = False
+    # Gradient-norm clipping of the critic (null: none, as in the reference).
+    max_grad_norm: Optional[float] = None
+
+
+@dataclass
+class ActorCriticConfig(PolicyConfig):
+    """CoLLM-CC / CoLLM-DC (arXiv 2601.21972): one trajectory per environment, TD(0) advantages from
+    a centralized (cc) or per-agent (dc) critic."""
+
+    name: str = MISSING
+    num_turns: int = 1
+    # gamma
+    discount: float = 0.9
+    # td0 (the paper's, from collection-time values) or gae
+    estimator: str = "td0"
+    gae_lambda: float = 0.95
+    # Per (agent, turn) over the batch; a group of one sample is left as is.
+    normalize_advantages: bool = True
+    # End an episode once its (shifted) turn reward reaches this value (null: horizon / task success).
+    early_termination: Optional[float] = None
+    # null: no importance ratio (the paper's actor loss); a value: PPO clipping, with ppo_epochs passes.
+    clip_eps: Optional[float] = None
+    ppo_epochs: int = 1
+    # null: no gradient clipping (the reference).
+    max_grad_norm: Optional[float] = None
+    loss_aggregation: str = "seq_sum"
+    learning_rate: float = 5.0e-6
+    weight_decay: float = 0.01
+    critic: CriticConfig = field(default_factory=CriticConfig)
+
+
+@dataclass
 class SandboxConfig:
     timeout_s: float = 5.0
     memory_mb: int = 1024
@@ -272,6 +320,29 @@ class GridGameTaskConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
+@dataclass
+class StrBuildTaskConfig:
+    """task=strbuild (marl_llm.tasks.strbuild): spell a string in 5x5 block letters with /setblock."""
+
+    name: str = "strbuild"
+    # One block palette per builder (disjoint); the number of palettes is the number of agents.
+    palettes: List[List[str]] = field(default_factory=lambda: [["red_wool", "orange_wool", "yellow_wool"],
+                                                                ["blue_wool", "cyan_wool", "purple_wool"]])
+    max_turns: int = 4
+    success_coverage: float = 0.95
+    success_max_extra: float = 0.05
+    # Explicit targets (uppercase letters and spaces); empty: random strings as below.
+    train_targets: List[str] = field(default_factory=list)
+    eval_targets: List[str] = field(default_factory=list)
+    min_letters: int = 1
+    max_letters: int = 2
+    num_train: int = 10000
+    # The evaluation strings (distinct, never trained on) are drawn from this seed.
+    eval_seed: int = 100000
+    num_eval: int = 16
+    reward_shift: float = 0.0
+
+
 # --------------------------------------------------------------------------------------- logger
 @dataclass
 class LoggerConfig:
@@ -329,10 +400,11 @@ class RootConfig:
 # Group option schemas. A new algorithm or task registers its dataclass here, next to its YAML.
 ALGO_SCHEMAS: dict[str, type] = {"magrpo": MAGRPOConfig, "single": SingleConfig, "parallel": PromptBaselineConfig,
                                  "sequential": PromptBaselineConfig, "discussion": PromptBaselineConfig,
-                                 "at_grpo": ATGRPOConfig}
+                                 "at_grpo": ATGRPOConfig, "collm_cc": ActorCriticConfig, "collm_dc": ActorCriticConfig}
 TASK_SCHEMAS: dict[str, type] = {"humaneval": HumanEvalTaskConfig, "coophumaneval": CoopHumanEvalTaskConfig,
                                  "tldr": WritingTaskConfig, "arxiv": WritingTaskConfig,
-                                 "sokoban": GridGameTaskConfig, "plan_path": GridGameTaskConfig}
+                                 "sokoban": GridGameTaskConfig, "plan_path": GridGameTaskConfig,
+                                 "strbuild": StrBuildTaskConfig}
 
 
 def register_configs() -> None:
@@ -418,6 +490,32 @@ def validate(cfg: DictConfig) -> None:
         _check(a.clip_eps > 0, "algo.clip_eps", "must be > 0")
         _check(a.ppo_epochs >= 1, "algo.ppo_epochs", "must be >= 1")
         _check(a.mini_batch_size is None or a.mini_batch_size >= 1, "algo.mini_batch_size", "must be >= 1 or null")
+    if a.name in ("collm_cc", "collm_dc"):
+        c = a.critic
+        _choice(cfg, "algo.estimator", ("td0", "gae"))
+        _choice(cfg, "algo.loss_aggregation", ("seq_sum", "token_mean"))
+        _choice(cfg, "algo.critic.placement", ("adapter", "separate", "actor"))
+        _choice(cfg, "algo.critic.kind", ("value", "q"))
+        _check(c.placement != "actor" or a.name == "collm_dc", "algo.critic.placement",
+               "actor (a value head on the actor's own trunk) is per agent: use algo=collm_dc")
+        _check(a.num_turns >= 1, "algo.num_turns", "must be >= 1")
+        _check(0.0 <= a.discount <= 1.0, "algo.discount", "gamma must be in [0, 1]")
+        _check(0.0 <= a.gae_lambda <= 1.0, "algo.gae_lambda", "must be in [0, 1]")
+        _check(a.clip_eps is None or a.clip_eps > 0, "algo.clip_eps", "must be > 0 or null")
+        _check(a.ppo_epochs >= 1, "algo.ppo_epochs", "must be >= 1")
+        _check(a.ppo_epochs == 1 or a.clip_eps is not None, "algo.ppo_epochs",
+               "several inner epochs need ratio clipping: set algo.clip_eps (e.g. 0.2)")
+        for key, v in (("algo.max_grad_norm", a.max_grad_norm), ("algo.critic.max_grad_norm", c.max_grad_norm),
+                       ("algo.critic.value_clip", c.value_clip)):
+            _check(v is None or v > 0, key, "must be > 0 or null")
+        _check(c.learning_rate > 0, "algo.critic.learning_rate", "must be > 0")
+        _check(c.weight_decay >= 0, "algo.critic.weight_decay", "must be >= 0")
+        _check(c.loss_coef > 0, "algo.critic.loss_coef", "must be > 0")
+    if "palettes" in cfg.task:
+        _check(1 <= cfg.task.max_turns, "task.max_turns", "must be >= 1")
+        _check(0 < cfg.task.success_coverage <= 1, "task.success_coverage", "must be in (0, 1]")
+        _check(cfg.task.success_max_extra >= 0, "task.success_max_extra", "must be >= 0")
+        _check(cfg.task.num_eval >= 1, "task.num_eval", "must be >= 1")
     if "data" in cfg.task:
         _choice(cfg, "task.data.source", ("auto", "hub", "files", "packaged"))
         for key in ("train_split", "eval_split", "packaged_train_split", "packaged_eval_split"):

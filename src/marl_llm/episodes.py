@@ -114,10 +114,10 @@ def collect_tree(
                 msgs = [messages[f][i][g] for i, g in enumerate(choice)]
                 histories = [hist[i] + [Turn(msgs[i], comps[i].text)] for i in range(n_agents)]
                 nodes.append(JointNode(b, t, parent, msgs, comps, tuple(choice), histories=histories))
-        rewards = task.joint_rewards([problems[n.problem] for n in nodes], [n.texts for n in nodes])
+        rewards = task.history_rewards([problems[n.problem] for n in nodes], [n.histories for n in nodes])
         for n, r in zip(nodes, rewards):
             n.reward = r
-            n.terminated = t == len(widths) - 1 or (terminate is not None and terminate(n))
+            n.terminated = t == len(widths) - 1 or r.done or (terminate is not None and terminate(n))
         turns.append(nodes)
         keep = [n for n in nodes if not n.terminated]
         if expand is not None:

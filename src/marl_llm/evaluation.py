@@ -66,13 +66,16 @@ def level_metrics(nodes: "list[JointNode]") -> dict[str, float]:
 def reward_metrics(tree: "JointTree", shift: float = 0.0) -> dict[str, float]:
     """Team-reward metrics of a training rollout (task scale, unshifted; training adds `shift`).
 
-    reward / reward_std over all joint actions, frac_reward_zero_std over sibling groups,
+    reward / reward_std over all joint actions, joint_actions (how many the step scored),
+    frac_reward_zero_std over sibling groups,
     turn_<t>/reward and turn_<t>/reward_std, rewards/<level>/{mean,std,rate}.
     """
     nodes = list(tree.nodes())
     rewards = [n.reward.total for n in nodes]
     out = {"reward": sum(rewards) / len(rewards), "reward_std": _std(rewards),
-           "reward_shifted": sum(rewards) / len(rewards) + shift}
+           "reward_shifted": sum(rewards) / len(rewards) + shift,
+           # the step's budget in the CoLLM paper's accounting (matched-budget comparisons)
+           "joint_actions": float(len(nodes))}
     groups: dict[tuple[int, int], list[float]] = {}
     for t, turn in enumerate(tree.turns):
         vals = [n.reward.total for n in turn]

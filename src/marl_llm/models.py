@@ -195,7 +195,9 @@ class AgentPolicies:
             if len(bases) > 1 and len(set(policy_map.values())) < len(agent_names):
                 raise UserError("agents on different base models (model.agent_bases) cannot share a policy")
         self.seed = seed
-        lora = LoraConfig(r=algo_cfg.lora.r, lora_alpha=algo_cfg.lora.alpha, lora_dropout=algo_cfg.lora.dropout,
+        # What loaded each base (a separate critic loads another copy of its agents' base).
+        self.model_cfg, self.base_specs = model_cfg, bases
+        self.lora = lora = LoraConfig(r=algo_cfg.lora.r, lora_alpha=algo_cfg.lora.alpha, lora_dropout=algo_cfg.lora.dropout,
                           target_modules=list(algo_cfg.lora.target_modules), task_type="CAUSAL_LM")
         self.models, self.tokenizers, self.agents = [], [], []
         for k, base_spec in enumerate(bases):
@@ -250,6 +252,20 @@ class AgentPolicies:
             return adapter.removeprefix("policy_")
         agents = self.agents_of(key)
         return "shared" if len(agents) > 1 or adapter == "shared" else self.agents[agents[0]].name
+
+    def add_adapter(self, model_index: int, name: str) -> dict[str, torch.nn.Parameter]:
+        """One more LoRA adapter on base `model_index` that is not an agent's (e.g. a critic: one
+        more adapter, not one more model). Its owner trains and saves it; returns its weights by
+        name, trainable."""
+        model = self.models[model_index]
+        if name in model.peft_config:
+            raise ValueError(f"adapter {name!r} already exists on model {model_index}")
+        torch.manual_seed(self.seed + 1000 * model_index + len(model.peft_config))
+        model.add_adapter(name, self.lora)
+        params = {n: p for n, p in model.named_parameters() if f".{name}." in n and "lora_" in n}
+        for p in params.values():
+            p.requires_grad_(True)
+        return params
 
     def adapter_parameters(self, model_index: int, adapter: str) -> list[torch.nn.Parameter]:
         """The LoRA weights of one adapter (made trainable; everything else stays frozen)."""

@@ -101,7 +101,9 @@ def train(cfg: DictConfig) -> float:
                         "fork episodes: set algo.joint_mode=align")
     turns = cfg.algo.get("num_turns", 1)
     if task.max_turns is not None and algo_cls.trainable and turns > task.max_turns:
-        raise UserError(f"task {task.name} is single-turn but algo.num_turns={turns}: set algo.num_turns=1")
+        hint = "is single-turn" if task.max_turns == 1 else f"has at most {task.max_turns} turns"
+        fix = "=1" if task.max_turns == 1 else f"<={task.max_turns}"
+        raise UserError(f"task {task.name} {hint} but algo.num_turns={turns}: set algo.num_turns{fix}")
     # Prompt-only baselines are evaluated, never trained.
     max_steps = tc.max_steps if algo_cls.trainable else 0
     train_set = task.load_split("train") if max_steps > 0 else []
@@ -114,7 +116,7 @@ def train(cfg: DictConfig) -> float:
 
     start_step, wandb_id = 0, None
     if tc.resume:
-        ckpt = load_checkpoint(run_dir, policies)
+        ckpt = load_checkpoint(run_dir, policies, algo)
         if ckpt is not None:
             start_step, wandb_id = ckpt["step"], ckpt["wandb_id"]
             print(f"[marl-llm] resumed from {run_dir / 'checkpoint.pt'} at step {start_step}", flush=True)
@@ -173,11 +175,11 @@ def train(cfg: DictConfig) -> float:
             if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < max_steps:
                 run_eval(step + 1)
             if tc.save_every and (step + 1) % tc.save_every == 0:
-                save_checkpoint(run_dir, cfg, policies, step + 1, logger.wandb_id)
+                save_checkpoint(run_dir, cfg, policies, step + 1, logger.wandb_id, algo.state_dict())
 
         final_step = max(max_steps, start_step)
         if final_step > 0:  # nothing trained, nothing to save
-            save_checkpoint(run_dir, cfg, policies, final_step, logger.wandb_id)
+            save_checkpoint(run_dir, cfg, policies, final_step, logger.wandb_id, algo.state_dict())
         if tc.eval_after and (final_step > 0 or summary["before"] is None):
             summary["after"] = run_eval(final_step)
         summary.update(train_reward_first=_first_train_reward(run_dir), train_reward_last=last_train.get("reward"),

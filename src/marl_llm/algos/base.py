@@ -73,6 +73,14 @@ class Algorithm(ABC):
             return self.task.num_turns
         return int(self.cfg.get("num_turns", 1))
 
+    def early_stop(self) -> Callable[[JointNode], bool] | None:
+        """algo.early_termination: end an episode once a joint action's shifted reward reaches it."""
+        threshold = self.cfg.get("early_termination")
+        if threshold is None:
+            return None
+        shift = self.task.cfg.reward_shift
+        return lambda node: node.reward.total + shift >= threshold
+
     def rollout_tree(self, problems: list[Problem], widths: list[int], sampling: list[SamplingParams],
                      terminate: Callable[[JointNode], bool] | None = None, joint_mode: str = "align") -> JointTree:
         """The algorithm's joint rollout, shared by training and evaluation (baselines override it).
@@ -96,6 +104,13 @@ class Algorithm(ABC):
     @abstractmethod
     def update(self, batches: list[AgentBatch]) -> dict[str, float]:
         """One update of every trainable adapter; returns metrics (TRL names, agent segments)."""
+
+    # Training state beyond the agents' adapters and optimizers (critics, ...), for checkpoints.
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}

@@ -4,6 +4,7 @@ hidden layer of a (LoRA-adapted) causal LM.
     head = ValueHead(hidden_size)                      # Linear(h, 1), N(0, 0.02) init, zero bias
     v = sequence_values(model, head, prompts, None, pad)          # V(h): at the last prompt token
     q = sequence_values(model, head, prompts, completions, pad)   # Q(h, a): at the last completion token
+    critic = Critic(...); v = critic.values(prompts); stats = critic.update(prompts, None, targets, v)
 
 Sequences are packed as [left-padded prompt | right-padded completion] (rollout.pad_pairs), so
 every prompt ends at the same column and a completion's last token sits at P + len(c) - 1.
@@ -57,3 +58,99 @@ def sequence_values(model, head: ValueHead, prompts: list[Tensor], completions: 
     hidden = out.hidden_states[-1]  # [B, L, h]
     at = read_positions(prompts, completions).to(device)
     return head(hidden[torch.arange(len(prompts), device=device), at])
+
+
+class Critic:
+    """One critic: a trunk (a LoRA adapter on the actors' frozen base, an actor's own adapter, or
+    a separate fully trained model) plus a ValueHead, with its own AdamW optimizer.
+
+    Inputs are token ids: prompts: list of Tensor[P_j]; completions: list of Tensor[C_j] (Q(h, a),
+    read at the last completion token) or None (V(h), read at the last prompt token).
+    """
+
+    def __init__(self, name: str, model, adapter: str | None, trunk: dict[str, nn.Parameter], head: ValueHead,
+                 pad_id: int, learning_rate: float, weight_decay: float, loss_coef: float,
+                 value_clip: float | None, max_grad_norm: float | None, micro_batch_size: int):
+        self.name, self.model, self.adapter, self.trunk, self.head = name, model, adapter, trunk, head
+        self.pad_id, self.loss_coef, self.value_clip = pad_id, loss_coef, value_clip
+        self.max_grad_norm = float("inf") if max_grad_norm is None else max_grad_norm
+        self.micro_batch_size = micro_batch_size
+        self.params = list(trunk.values()) + list(head.parameters())
+        self.optimizer = torch.optim.AdamW(self.params, lr=learning_rate, weight_decay=weight_decay)
+
+    def _activate(self) -> None:
+        if self.adapter is not None:
+            self.model.set_adapter(self.adapter)
+        for p in self.trunk.values():  # set_adapter clears the flag of inactive adapters
+            p.requires_grad_(True)
+
+    def _chunks(self, prompts: list[Tensor], completions: list[Tensor] | None) -> list[list[int]]:
+        """Micro-batches of similar total length (less padding)."""
+        size = [len(p) + (len(completions[j]) if completions is not None else 0) for j, p in enumerate(prompts)]
+        order = sorted(range(len(prompts)), key=size.__getitem__)
+        return [order[s:s + self.micro_batch_size] for s in range(0, len(order), self.micro_batch_size)]
+
+    def _forward(self, prompts: list[Tensor], completions: list[Tensor] | None, idx: list[int]) -> Tensor:
+        comps = [completions[j] for j in idx] if completions is not None else None
+        return sequence_values(self.model, self.head, [prompts[j] for j in idx], comps, self.pad_id)
+
+    @torch.no_grad()
+    def values(self, prompts: list[Tensor], completions: list[Tensor] | None = None) -> Tensor:
+        """The critic's current values: Tensor[n] (float32, CPU)."""
+        self._activate()
+        out = torch.zeros(len(prompts))
+        for idx in self._chunks(prompts, completions):
+            out[idx] = self._forward(prompts, completions, idx).float().cpu()
+        return out
+
+    def update(self, prompts: list[Tensor], completions: list[Tensor] | None, targets: Tensor,
+               old_values: Tensor) -> dict[str, float]:
+        """One optimizer step on loss_coef * mean((y - V)^2) over all n samples (with value
+        clipping: the max of the clipped and unclipped errors, PPO style). targets, old_values:
+        Tensor[n]. Returns verl-style critic stats."""
+        self._activate()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        n = len(prompts)
+        values = torch.zeros(n)
+        loss_sum, clipped = 0.0, 0
+        try:
+            for idx in self._chunks(prompts, completions):
+                v = self._forward(prompts, completions, idx)
+                y = targets[idx].to(v.device, v.dtype)
+                err = (v - y) ** 2
+                if self.value_clip is not None:
+                    old = old_values[idx].to(v.device, v.dtype)
+                    v_clip = old + (v - old).clamp(-self.value_clip, self.value_clip)
+                    err_clip = (v_clip - y) ** 2
+                    clipped += int((err_clip > err).sum())
+                    err = torch.maximum(err, err_clip)
+                loss = self.loss_coef * err.sum() / n
+                loss.backward()
+                loss_sum += float(loss.detach())
+                values[idx] = v.detach().float().cpu()
+        finally:
+            self.model.eval()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
+        self.optimizer.step()
+        y = targets.float()
+        var_y = float(y.var(unbiased=False)) if n > 1 else 0.0
+        stats = {"vf_loss": loss_sum, "values/mean": float(values.mean()), "returns/mean": float(y.mean()),
+                 "vf_explained_var": (1.0 - float((y - values).var(unbiased=False)) / var_y) if var_y > 0 else 0.0,
+                 "grad_norm": grad_norm, "learning_rate": float(self.optimizer.param_groups[0]["lr"])}
+        if self.value_clip is not None:
+            stats["vf_clipfrac"] = clipped / n
+        return stats
+
+    # -- checkpoint state
+    def state_dict(self) -> dict:
+        return {"trunk": {k: p.detach().cpu().clone() for k, p in self.trunk.items()},
+                "head": {k: t.detach().cpu().clone() for k, t in self.head.state_dict().items()},
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        with torch.no_grad():
+            for k, t in state["trunk"].items():
+                self.trunk[k].copy_(t.to(self.trunk[k].device, self.trunk[k].dtype))
+        self.head.load_state_dict(state["head"])
+        self.optimizer.load_state_dict(state["optimizer"])

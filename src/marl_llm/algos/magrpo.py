@@ -15,7 +15,7 @@ from marl_llm.algos.advantages import per_agent_advantages, tree_advantages
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.losses import k3_kl
 from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
-from marl_llm.episodes import JointNode, JointTree
+from marl_llm.episodes import JointTree
 from marl_llm.rollout import Completion, completion_logprobs
 from marl_llm.tasks.base import Problem
 
@@ -27,14 +27,7 @@ class MAGRPO(Algorithm):
 
     def collect(self, problems: list[Problem]) -> JointTree:
         a = self.cfg
-        terminate = None
-        if a.early_termination is not None:
-            threshold, shift = a.early_termination, self.task.cfg.reward_shift
-
-            def terminate(node: JointNode) -> bool:
-                return node.reward.total + shift >= threshold
-
-        return self.rollout_tree(problems, [a.num_generations] * a.num_turns, self.agent_sampling(), terminate,
+        return self.rollout_tree(problems, [a.num_generations] * a.num_turns, self.agent_sampling(), self.early_stop(),
                                  a.joint_mode)
 
     # ------------------------------------------------------------------------------ advantages

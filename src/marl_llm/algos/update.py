@@ -35,11 +35,16 @@ class UpdateSettings:
 
 def micro_batches(completions: list[Completion], size: int, subset: list[int] | None = None) -> list[list[int]]:
     """Indices (of `subset`, default all) grouped by identical prompt (siblings of one node), each
-    group cut into chunks of at most `size`: a chunk's shared prompt is encoded once."""
+    group cut into chunks of at most `size`: a chunk's shared prompt is encoded once. Samples whose
+    prompt no other sample shares (one trajectory per environment: the actor-critic methods) are
+    packed together instead, by length, so they do not run one forward pass each."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for j in (range(len(completions)) if subset is None else subset):
         groups.setdefault(tuple(completions[j].prompt_ids.tolist()), []).append(j)
-    return [idx[s:s + size] for idx in groups.values() for s in range(0, len(idx), size)]
+    chunks = [idx[s:s + size] for idx in groups.values() if len(idx) > 1 for s in range(0, len(idx), size)]
+    singles = sorted((idx[0] for idx in groups.values() if len(idx) == 1),
+                     key=lambda j: len(completions[j].prompt_ids) + len(completions[j].completion_ids))
+    return chunks + [singles[s:s + size] for s in range(0, len(singles), size)]
 
 
 def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], comps: list[Completion],

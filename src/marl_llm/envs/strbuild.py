@@ -152,7 +152,7 @@ def _capped(items: list[str], cap: int = LIST_CAP) -> str:
 
 
 def _fmt(p: Pos) -> str:
-    return f"({p[0]}, {p[1]}, {p[2]})"
+    return f"({p[0]},{p[1]},{p[2]})"
 
 
 @dataclass
@@ -345,34 +345,37 @@ class StrBuildEnv:
                     row.append("+" if pos in self._target else ".")
             rows.append(f"y={y} " + "".join(row))
         rows.append(self._x_ruler())
-        legend = ", ".join(f"{v}={k}" for k, v in letters.items())
-        rows.append(f"Legend: {legend} (lowercase = extra block off target), "
-                    "+ target not built, . empty")
+        legend = ", ".join(f"{v}={k}" for k, v in letters.items() if k in self.state.values())
+        rows.append(f"Legend: {legend} (lowercase: off target), + target not built, . empty")
         return "\n".join(rows)
 
     def feedback(self, agent: int) -> str:
+        """Agent `agent`'s observation: its palette, the target wall, the build so far and what is
+        wrong with it (kept short: it is part of every prompt)."""
         m = self.metrics()
         built = set(self.state)
         missing = sorted(self._target - built, key=lambda p: (p[0], p[1]))
         extra = sorted(built - self._target, key=lambda p: (p[0], p[1]))
         same = [f"{_fmt(a)}-{_fmt(b)} ({self.state[a]})" for a, b in self.same_block_pairs()]
         rejected = [f"{line or '(cap)'} -> {reason}" for line, reason in self.last_rejected[agent]]
+        palette = self.palettes[agent]
         lines = [
-            (f"You are agent {agent}. Your blocks: {', '.join(self.palettes[agent])} "
-             "(use 'air' to remove a block)."),
-            (f"Target string: {self.target!r}. Target wall ('#' = place a block, '.' = leave "
-             f"empty); x = column 0..{self.width - 1} left to right, y = height 0 (bottom) .. "
-             f"{HEIGHT - 1} (top), z = 0 always:"),
+            f"Your blocks: {', '.join(palette)} ('air' removes a block).",
+            (f"Target {self.target!r}: a block on every '#' (x = column 0..{self.width - 1}, y = row 0 (bottom) .. "
+             f"{HEIGHT - 1} (top), z = 0):"),
             self.target_ascii(),
             self._x_ruler(),
-            "Command format: /setblock x y z block  (one per line)",
-            f"Turn {self.turn}/{self.max_turns}. Current build:",
-            self.render(),
+        ]
+        if self.state:
+            lines += [f"Turn {self.turn}/{self.max_turns}. Built so far:", self.render()]
+        else:
+            lines.append(f"Turn {self.turn}/{self.max_turns}. Nothing built yet.")
+        lines += [
             f"Missing target positions ({len(missing)}): {_capped([_fmt(p) for p in missing])}",
             f"Extra non-target blocks ({len(extra)}): {_capped([_fmt(p) for p in extra])}",
             f"Adjacent target blocks of the same type ({len(same)}): {_capped(same)}",
             f"Your rejected commands last turn ({len(rejected)}): {_capped(rejected)}",
-            (f"coverage={m['coverage']:.3f} extra_ratio={m['extra_ratio']:.3f} "
-             f"adjacency_ratio={m['adjacency_ratio']:.3f} absent_agents={m['absent_agents']}"),
+            (f"coverage={m['coverage']:.2f} extra_ratio={m['extra_ratio']:.2f} "
+             f"adjacency_ratio={m['adjacency_ratio']:.2f} absent_agents={m['absent_agents']}"),
         ]
         return "\n".join(lines)

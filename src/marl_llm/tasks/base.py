@@ -34,6 +34,8 @@ class JointReward:
     passed: code tasks only: the combined program passed every test (pass@k); None otherwise.
     ungated: each level's credit as if the earlier levels had passed (tasks that report it);
         logged as rewards/<level>_ungated/mean and, summed, reward_ungated.
+    done: the environment ended the episode (e.g. StrBuild reached its success threshold): the
+        joint action is not expanded in later turns, whatever the horizon.
     """
 
     total: float
@@ -41,6 +43,7 @@ class JointReward:
     info: dict[str, Any] = field(default_factory=dict)
     passed: bool | None = None
     ungated: dict[str, float] = field(default_factory=dict)
+    done: bool = False
 
 
 @dataclass
@@ -105,6 +108,12 @@ class Task(ABC):
 
         problems[j] is the instance of joint action j; joint_actions[j][i] is agent i's text.
         """
+
+    def history_rewards(self, problems: list[Problem], histories: list[list[list[Turn]]]) -> list[JointReward]:
+        """Score the last joint action of each history (histories[j][i]: agent i's turns so far,
+        the scored one last). Tasks whose state carries over between turns (StrBuild: blocks
+        placed earlier stay) replay the whole history; by default only the last actions count."""
+        return self.joint_rewards(problems, [[h[-1].action for h in hist] for hist in histories])
 
     def next_prompts(
         self, problem: Problem, histories: list[list[Turn]], reward: JointReward

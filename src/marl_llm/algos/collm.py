@@ -1,0 +1,208 @@
+"""CoLLM-CC and CoLLM-DC (arXiv 2601.21972): multi-agent actor-critic for decentralized LLM teams.
+
+Rollout: one trajectory per environment (G = 1 per node, sampled), many environments per step
+(trainer.prompts_per_step); an episode ends at the horizon (algo.num_turns), at the task's success
+(reward.done, e.g. StrBuild) or at algo.early_termination.
+
+Critics (marl_llm.algos.critic.Critic): a LoRA adapter plus a scalar value head on the actors'
+frozen base by default; `critic.placement=separate` trains a separate copy of the base (the
+reference), `actor` (DC) puts the head on the agent's own actor adapter (shared trunk).
+
+    collm_cc: ONE critic V(h_t) over the joint history: every agent's prompt tagged "[Agent i]"
+              (critic.kind=q appends "[Joint Action]" and every agent's completion: Q(h_t, a_t)).
+    collm_dc: one critic per agent, V_i(h_{i,t}) over the agent's own prompt ids (q: + its own
+              completion ids).
+
+Per trajectory of T turns with team rewards r_t and the values recorded at collection time:
+
+    delta_t = r_t + gamma * V(h_{t+1}) - V(h_t)     (last turn: r_T - V(h_T)); target y_t = r_t + gamma * V(h_{t+1})
+    (estimator=gae: GAE(lambda) advantages, targets A_t + V(h_t))
+
+Advantages are normalized per (agent, turn) over the batch (a single sample is left as is).
+Actor i: -A * sum_t log pi_i(a_t | h_t) over its completion tokens, no importance ratio
+(clip_eps + ppo_epochs: PPO clipping). Critic: loss_coef * mean((y - V)^2), one optimizer step
+per batch (the reference steps the shared critic once per agent on the same data).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
+from marl_llm.algos.critic import Critic, ValueHead
+from marl_llm.algos.returns import gae, normalize_per_group, td0
+from marl_llm.algos.update import UpdateSettings, policy_update
+from marl_llm.episodes import JointNode, JointTree
+from marl_llm.evaluation import reward_metrics
+from marl_llm.models import load_base
+from marl_llm.rollout import encode_prompt
+from marl_llm.tasks.base import Problem
+
+
+def trajectories(tree: JointTree) -> list[list[JointNode]]:
+    """The tree's chains of joint actions, root to end (a width-1 tree: one per environment)."""
+    chains = []
+    for t, turn in enumerate(tree.turns):
+        for node in turn:
+            if node.terminated:
+                chain, parent = [node], node.parent
+                for earlier in range(t - 1, -1, -1):
+                    chain.append(tree.turns[earlier][parent])
+                    parent = chain[-1].parent
+                chains.append(chain[::-1])
+    return chains
+
+
+def joint_history(node: JointNode, with_actions: bool) -> str:
+    """The centralized critic's text: every agent's prompt, tagged; optionally the joint action."""
+    text = "\n\n".join(f"[Agent {i + 1}]\n{m}" for i, m in enumerate(node.messages))
+    if with_actions:
+        text += "\n\n[Joint Action]\n" + "\n\n".join(f"[Agent {i + 1}]\n{t}" for i, t in enumerate(node.texts))
+    return text
+
+
+@dataclass
+class CriticBatch:
+    """One critic's training samples of a step: inputs (ids), TD targets and collection-time values: Tensor[n]."""
+
+    prompts: list[torch.Tensor]
+    completions: list[torch.Tensor] | None
+    targets: torch.Tensor
+    old_values: torch.Tensor
+
+
+class ActorCritic(Algorithm):
+    supports_turn_tasks = True
+    # True: one critic over the joint history (CC); False: one critic per agent (DC).
+    centralized: ClassVar[bool] = True
+
+    def __init__(self, cfg: Any, task, policies, rollout, micro_batch_size: int = 8):
+        super().__init__(cfg, task, policies, rollout, micro_batch_size)
+        # critic j's owner: None (the centralized critic) or the agent index
+        self.owners: list[int | None] = [None] if self.centralized else list(range(task.num_agents))
+        self.critics = [self._build_critic(owner) for owner in self.owners]
+        self._critic_batches: list[CriticBatch] = []
+
+    def _build_critic(self, owner: int | None) -> Critic:
+        c, p = self.cfg.critic, self.policies
+        k = 0 if owner is None else p.agents[owner].model_index
+        name = "critic" if owner is None else f"critic_{self.task.agent_names[owner]}"
+        model, adapter = p.models[k], None
+        if c.placement == "adapter":
+            adapter, trunk = name, p.add_adapter(k, name)
+        elif c.placement == "actor":
+            adapter = p.agents[owner].adapter
+            trunk = {str(j): w for j, w in enumerate(p.adapter_parameters(k, adapter))}
+        else:  # separate: a full copy of the base, every weight trained (the reference's critic)
+            model, _ = load_base(p.base_specs[k], p.model_cfg, p.device, p.dtype)
+            model.requires_grad_(True)
+            trunk = dict(model.named_parameters())
+        torch.manual_seed(p.seed + 31 * (len(self.task.agent_names) + (owner or 0)))
+        head = ValueHead(model.config.hidden_size, c.hidden_layer).to(p.device)
+        return Critic(name, model, adapter, trunk, head, p.tokenizers[k].pad_token_id, c.learning_rate,
+                      c.weight_decay, c.loss_coef, c.value_clip, c.max_grad_norm, self.micro_batch_size)
+
+    # ------------------------------------------------------------------------------ rollout
+    def collect(self, problems: list[Problem]) -> JointTree:
+        return self.rollout_tree(problems, [1] * self.cfg.num_turns, self.agent_sampling(), self.early_stop())
+
+    def critic_inputs(self, nodes: list[JointNode], owner: int | None) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """(prompt ids, completion ids or None) of each node as critic `owner` sees it."""
+        q = self.cfg.critic.kind == "q"
+        if owner is None:
+            tok = self.policies.tokenizers[0]
+            return [torch.tensor(encode_prompt(tok, joint_history(n, q))) for n in nodes], None
+        comps = [n.completions[owner] for n in nodes]
+        return [c.prompt_ids for c in comps], ([c.completion_ids for c in comps] if q else None)
+
+    def rollout_metrics(self, tree: JointTree) -> dict[str, float]:
+        out = reward_metrics(tree, self.task.cfg.reward_shift)
+        out.pop("frac_reward_zero_std")  # every sibling group has one member
+        chains = trajectories(tree)
+        out["episode/mean_turns"] = sum(len(c) for c in chains) / len(chains)
+        passed = [c[-1].reward.passed for c in chains]
+        if all(v is not None for v in passed):
+            out[self.task.success_metric] = sum(bool(v) for v in passed) / len(passed)
+        return out
+
+    # ---------------------------------------------------------------------------- advantages
+    def advantages(self, tree: JointTree) -> list[AgentBatch]:
+        """TD(0) (or GAE) advantages from the critics' values, which are still the collection-time
+        values here: advantages() runs right after collect(), before any update."""
+        a, shift = self.cfg, self.task.cfg.reward_shift
+        chains = trajectories(tree)
+        nodes = [n for chain in chains for n in chain]
+        n_agents = self.task.num_agents
+        agent_adv: list[torch.Tensor] = [torch.zeros(0)] * n_agents
+        self._critic_batches = []
+        for critic, owner in zip(self.critics, self.owners):
+            prompts, comps = self.critic_inputs(nodes, owner)
+            values = critic.values(prompts, comps).double()
+            adv, targets = torch.zeros_like(values), torch.zeros_like(values)
+            start = 0
+            for chain in chains:
+                span = slice(start, start + len(chain))
+                rewards = torch.tensor([n.reward.total + shift for n in chain], dtype=torch.float64)
+                if a.estimator == "gae":
+                    adv[span], targets[span] = gae(rewards, values[span], a.discount, a.gae_lambda)
+                else:
+                    adv[span], targets[span] = td0(rewards, values[span], a.discount)
+                start += len(chain)
+            self._critic_batches.append(CriticBatch(prompts, comps, targets.float(), values.float()))
+            for i in (range(n_agents) if owner is None else [owner]):
+                agent_adv[i] = adv
+        turns = [n.turn for n in nodes]
+        batches = []
+        for i, adv in enumerate(agent_adv):
+            if a.normalize_advantages:
+                adv = normalize_per_group(adv, [(i, t) for t in turns])
+            batches.append(AgentBatch(i, [n.completions[i] for n in nodes], adv.float(), list(turns)))
+        return batches
+
+    # -------------------------------------------------------------------------------- update
+    def update(self, batches: list[AgentBatch]) -> dict[str, float]:
+        a = self.cfg
+        settings = UpdateSettings(epochs=a.ppo_epochs, clip_eps=a.clip_eps, aggregation=a.loss_aggregation,
+                                  max_grad_norm=float("inf") if a.max_grad_norm is None else a.max_grad_norm)
+        stats: dict[str, float] = {}
+        for key in self.policies.trainable_adapters():
+            agents = self.policies.agents_of(key)
+            comps = [c for i in agents for c in batches[i].completions]
+            advs = torch.cat([batches[i].advantages for i in agents])
+            s = policy_update(self.policies, agents[0], key, comps, advs, settings, self.micro_batch_size)
+            s.pop("optimizer_steps")
+            stats.update({f"{self.policies.policy_label(key)}/{k}": v for k, v in s.items()})
+        # Each critic steps once on the whole batch.
+        critic_stats: dict[str, list[float]] = {}
+        for critic, owner, cb in zip(self.critics, self.owners, self._critic_batches):
+            s = critic.update(cb.prompts, cb.completions, cb.targets, cb.old_values)
+            s["advantages/mean"] = float((cb.targets - cb.old_values).mean())
+            prefix = "critic" if owner is None else f"{self.task.agent_names[owner]}/critic"
+            stats.update({f"{prefix}/{k}": v for k, v in s.items()})
+            for k, v in s.items():
+                critic_stats.setdefault(k, []).append(v)
+        if not self.centralized:  # team-level critic metrics: the mean over the agents' critics
+            stats.update({f"critic/{k}": sum(v) / len(v) for k, v in critic_stats.items()})
+        self._critic_batches = []
+        return stats
+
+    # ---------------------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        return {"critics": {c.name: c.state_dict() for c in self.critics}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for c in self.critics:
+            c.load_state_dict(state["critics"][c.name])
+
+
+@register_algorithm("collm_cc")
+class CoLLMCC(ActorCritic):
+    centralized = True
+
+
+@register_algorithm("collm_dc")
+class CoLLMDC(ActorCritic):
+    centralized = False

@@ -1,0 +1,134 @@
+"""StrBuild (CoLLM, arXiv 2601.21972) without Minecraft: two builders spell a string in 5x5 block
+letters with `/setblock x y z block` commands, each with its own block palette, over 4 turns.
+
+The simulator is `marl_llm.envs.strbuild.StrBuildEnv`. Agents act in parallel each turn (the joint
+action is applied in agent order, then the turn is scored); blocks stay between turns, so a turn's
+reward is computed by replaying the whole history of the joint actions (`history_rewards`):
+
+    reward = 2 * coverage - 1.5 * extra_ratio - adjacency_ratio - 0.25 * absent_agents
+
+Each turn's feedback (the next prompt) shows the target wall, the current build, the missing and
+extra positions, same-block neighbours and the agent's rejected commands. An episode ends at the
+horizon or when the build is near-perfect (coverage >= success_coverage and extra_ratio <=
+success_max_extra: `passed`, and the node is not expanded further).
+
+Targets: `task.train_targets` / `task.eval_targets` when given, else random uppercase strings of
+`min_letters`..`max_letters` letters, the evaluation set drawn first from `eval_seed` and never
+used for training.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from typing import Any
+
+from marl_llm.config import UserError
+from marl_llm.envs.strbuild import FONT, StrBuildEnv
+from marl_llm.tasks.base import JointReward, Problem, Task, Turn, register_task
+
+INSTRUCTIONS = (
+    "You are {name}, one of {n} builders who spell {target!r} as 5x5 block letters on a wall. Each turn every "
+    "builder writes Minecraft commands, one per line: /setblock x y z block. Use only your own blocks, only on "
+    "target cells, and alternate blocks with the other builder so that neighbours differ. Output only commands.\n\n"
+)
+# Ends every prompt: without it the 135M model describes the puzzle instead of writing commands.
+OUTRO = ("\n\nWrite your /setblock commands now, one per line, for missing target positions (z is 0), e.g.\n"
+         "/setblock 0 4 0 {first}\n/setblock 1 4 0 {second}")
+
+
+@register_task("strbuild")
+class StrBuildTask(Task):
+    success_metric = "success_rate"
+
+    def __init__(self, cfg: Any):
+        super().__init__(cfg)
+        self.palettes = tuple(tuple(str(b) for b in p) for p in cfg.palettes)
+        if len(self.palettes) < 1:
+            raise UserError("task.palettes is empty: give one list of block names per builder")
+        self.agent_names = tuple(f"builder{i + 1}" for i in range(len(self.palettes)))
+        self.max_turns = int(cfg.max_turns)
+        try:  # checks the palettes (disjoint, no air) once, with the simulator's own messages
+            self.new_env("A")
+        except ValueError as err:
+            raise UserError(f"task.palettes: {err}") from None
+
+    def new_env(self, target: str) -> StrBuildEnv:
+        c = self.cfg
+        return StrBuildEnv(target, self.palettes, max_turns=self.max_turns,
+                           success_coverage=float(c.success_coverage), success_max_extra=float(c.success_max_extra))
+
+    # -- data --------------------------------------------------------------------------------
+    def load_split(self, split: str) -> list[Problem]:
+        if split not in ("train", "eval"):
+            raise ValueError(f"unknown split {split!r}: expected train or eval")
+        c = self.cfg
+        given = list(c.train_targets if split == "train" else c.eval_targets)
+        if given:
+            targets = [str(t).upper() for t in given]
+            bad = [t for t in targets if any(ch not in FONT for ch in t) or not t.strip()]
+            if bad:
+                raise UserError(f"task.{split}_targets {bad}: use uppercase letters A-Z and spaces")
+        else:
+            held_out = self._random_targets(int(c.eval_seed), int(c.num_eval), set())
+            targets = held_out if split == "eval" else self._random_targets(0, int(c.num_train), set(held_out))
+        return [Problem(uid=f"strbuild/{split}/{j}", data={"target": t}) for j, t in enumerate(targets)]
+
+    def _random_targets(self, seed: int, n: int, exclude: set[str]) -> list[str]:
+        """`n` random targets never in `exclude`; distinct when drawing the evaluation set (empty
+        `exclude`), drawn with replacement for training."""
+        lo, hi = int(self.cfg.min_letters), int(self.cfg.max_letters)
+        if not 1 <= lo <= hi:
+            raise UserError(f"task.min_letters={lo}, task.max_letters={hi}: need 1 <= min_letters <= max_letters")
+        distinct = not exclude
+        possible = sum(26 ** k for k in range(lo, hi + 1)) - len(exclude)
+        if possible < 1 or (distinct and n > possible):
+            raise UserError(f"only {max(possible, 0)} distinct targets of {lo}-{hi} letters: lower task.num_eval "
+                            "or raise task.max_letters")
+        rng, out, seen = random.Random(seed), [], set(exclude)
+        while len(out) < n:
+            t = "".join(rng.choice(string.ascii_uppercase) for _ in range(rng.randint(lo, hi)))
+            if t not in seen:
+                out.append(t)
+                if distinct:
+                    seen.add(t)
+        return out
+
+    # -- prompts and scoring -----------------------------------------------------------------
+    def _prompt(self, problem: Problem, agent: int, feedback: str) -> str:
+        palette = self.palettes[agent]
+        return (INSTRUCTIONS.format(name=self.agent_names[agent], n=self.num_agents, target=problem.data["target"])
+                + feedback + OUTRO.format(first=palette[0], second=palette[1 % len(palette)]))
+
+    def initial_prompts(self, problem: Problem) -> list[str]:
+        env = self.new_env(problem.data["target"])
+        return [self._prompt(problem, i, env.feedback(i)) for i in range(self.num_agents)]
+
+    def replay(self, problem: Problem, history: list[list[Turn]]) -> JointReward:
+        """Build the target from scratch with every turn's joint action; the last turn's score."""
+        env = self.new_env(problem.data["target"])
+        result = None
+        for t in range(len(history[0])):
+            if env.done:  # the episode ended earlier; later actions have no effect
+                break
+            for i, turns in enumerate(history):
+                env.step(i, turns[t].action)
+            result = env.end_turn()
+        assert result is not None
+        built, target = set(env.state), env.target_cells()
+        iou = len(built & target) / len(built | target) if built | target else 0.0
+        levels = {"coverage": result.coverage, "extra_ratio": result.extra_ratio,
+                  "adjacency_ratio": result.adjacency_ratio, "absent_agents": float(result.absent_agents),
+                  "iou": iou}
+        return JointReward(result.reward, levels, info={"feedback": [env.feedback(i) for i in range(self.num_agents)]},
+                           passed=result.success, done=result.success)
+
+    def history_rewards(self, problems: list[Problem], histories: list[list[list[Turn]]]) -> list[JointReward]:
+        return [self.replay(p, h) for p, h in zip(problems, histories)]
+
+    def joint_rewards(self, problems: list[Problem], joint_actions: list[list[str]]) -> list[JointReward]:
+        """One turn from an empty wall."""
+        return [self.replay(p, [[Turn("", a)] for a in actions]) for p, actions in zip(problems, joint_actions)]
+
+    def next_prompts(self, problem: Problem, histories: list[list[Turn]], reward: JointReward) -> list[str]:
+        return [self._prompt(problem, i, fb) for i, fb in enumerate(reward.info["feedback"])]
