@@ -95,3 +95,20 @@ def test_cli_invalid_value_exits_2_without_traceback(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert "algo.num_generations" in out.stderr and "Traceback" not in out.stderr
+
+
+def planned_joint_actions(cfg) -> int:
+    """The CoLLM paper's budget: a MAGRPO tree has G + G^2 + ... + G^T nodes per problem, an
+    actor-critic episode T turns (both upper bounds when episodes end early)."""
+    a, t = cfg.algo, cfg.trainer
+    per_problem = sum(a.num_generations ** k for k in range(1, a.num_turns + 1)) if a.name == "magrpo" else a.num_turns
+    return t.max_steps * t.prompts_per_step * per_problem
+
+
+@pytest.mark.parametrize("task", ["strbuild", "tldr", "coophumaneval"])
+def test_matched_budget_presets_give_every_method_the_same_joint_actions(task):
+    budgets = {algo: planned_joint_actions(compose_config([f"experiment=matched_{task}_{algo}", "run_dir=/tmp/x"]))
+               for algo in ("magrpo", "collm_cc", "collm_dc")}
+    assert len(set(budgets.values())) == 1, budgets
+    if task == "coophumaneval":
+        assert budgets["magrpo"] == 10_560  # the paper's example
