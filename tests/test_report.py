@@ -213,6 +213,11 @@ def test_matched_budget_table_sums_the_joint_actions(tmp_path):
     col = rows["__header__"].index("joint actions")
     assert rows["magrpo"][col] == "120 ± 0" and rows["collm_cc"][col] == "114 ± 6"
     assert "joint actions" not in table_rows(_tldr_table(tmp_path))["__header__"]  # runs that do not log it
+    # the curves carry the joint actions spent by each step: the plots' x axis
+    cc = aggregate(find_runs([root]))["strbuild"]["methods"]["collm_cc"]
+    assert [p["budget"] for p in cc["train_curve"]] == [19.0 * s for s in range(1, 7)]
+    assert [(p["step"], p["budget"]) for p in cc["eval_curve"]] == [(0, 0.0), (4, 76.0)]  # 4 x (20 + 18) / 2
+    assert (out / "strbuild_train_reward.png").read_bytes().startswith(PNG_MAGIC)
 
 
 def _tldr_table(tmp_path):

@@ -239,14 +239,32 @@ def _metric_columns(runs: Sequence[Run]) -> list[str]:
     return cols
 
 
-def _curve(rows_per_run: list[dict[int, dict[str, float]]], key: str) -> list[dict[str, Any]]:
+def _budgets(run: Run) -> dict[int, float] | None:
+    """Joint actions trained on through each step (the sum of train/joint_actions), or None when
+    the run does not log them."""
+    if not run.train or not all("train/joint_actions" in row for row in run.train.values()):
+        return None
+    total, out = 0.0, {0: 0.0}
+    for step in sorted(run.train):
+        total += run.train[step]["train/joint_actions"]
+        out[step] = total
+    return out
+
+
+def _curve(rows_per_run: list[dict[int, dict[str, float]]], key: str,
+           budgets: list[dict[int, float] | None] | None = None) -> list[dict[str, Any]]:
     by_step: dict[int, list[float]] = defaultdict(list)
-    for rows in rows_per_run:
+    spent: dict[int, list[float]] = defaultdict(list)
+    for r, rows in enumerate(rows_per_run):
         for step, row in rows.items():
             if key in row:
                 by_step[step].append(row[key])
+                if budgets and budgets[r] is not None and step in budgets[r]:
+                    spent[step].append(budgets[r][step])
     # Mean of the seeds present at each step: seeds stopped at different steps still give a curve.
-    return [{"step": s, **_stat(v)} for s, v in sorted(by_step.items())]
+    # "budget": the mean joint actions trained on by then (when every seed there logs them).
+    return [{"step": s, **_stat(v), **({"budget": sum(spent[s]) / len(spent[s])} if len(spent[s]) == len(v) else {})}
+            for s, v in sorted(by_step.items())]
 
 
 def aggregate(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
@@ -278,8 +296,8 @@ def aggregate(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
                       if 0 in r.eval and "eval/reward" in r.eval[0] and "eval/reward" in r.final_eval]
             walls = [float(r.summary["wall_s"]) for r in rs if isinstance(r.summary.get("wall_s"), (int, float))]
             # The training budget in joint actions (matched-budget comparisons); runs that log it.
-            budgets = [sum(row["train/joint_actions"] for row in r.train.values()) for r in rs
-                       if r.train and all("train/joint_actions" in row for row in r.train.values())]
+            spent = [_budgets(r) for r in rs]
+            budgets = [b[max(b)] for b in spent if b is not None]
             methods[method] = {
                 "runs": rs,
                 "n": len(rs),
@@ -289,8 +307,8 @@ def aggregate(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
                 "wall_s": _stat(walls),
                 "joint_actions": _stat(budgets),
                 "eval_only": all(r.eval_only for r in rs),
-                "train_curve": _curve([r.train for r in rs], "train/reward"),
-                "eval_curve": _curve([r.eval for r in rs], "eval/reward"),
+                "train_curve": _curve([r.train for r in rs], "train/reward", spent),
+                "eval_curve": _curve([r.eval for r in rs], "eval/reward", spent),
             }
         out[task] = {"columns": _metric_columns([r for rs in groups.values() for r in rs]), "methods": methods}
     return out
@@ -408,14 +426,14 @@ def _save_fig(fig: Any, path: Path) -> None:
 
 
 @contextmanager
-def _figure(path: Path, title: str, ylabel: str):
+def _figure(path: Path, title: str, ylabel: str, xlabel: str = "step"):
     """A figure with the report's common frame; saved (atomically) to `path` when the body is done."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     try:
         yield ax
         ax.set_title(title)
-        ax.set_xlabel("step")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend()
@@ -425,14 +443,23 @@ def _figure(path: Path, title: str, ylabel: str):
         plt.close(fig)
 
 
+def _x_axis(curves: list[list[dict[str, Any]]]) -> tuple[str, str]:
+    """(curve key, label) of the x axis: joint actions trained on when every point has them (the
+    budget of a matched-budget comparison: methods with different step sizes line up), else steps."""
+    if all("budget" in p for c in curves for p in c):
+        return "budget", "training joint actions"
+    return "step", "step"
+
+
 def plot_train_reward(task: str, agg: dict[str, Any], path: Path) -> bool:
     methods = {m: a for m, a in agg["methods"].items() if a["train_curve"]}
     if not methods:
         return False
     colors = _method_colors(list(agg["methods"]))
-    with _figure(path, f"{task}: training reward (mean ± std over seeds)", "train/reward") as ax:
+    x, xlabel = _x_axis([a["train_curve"] for a in methods.values()])
+    with _figure(path, f"{task}: training reward (mean ± std over seeds)", "train/reward", xlabel) as ax:
         for method, a in methods.items():
-            xs = [p["step"] for p in a["train_curve"]]
+            xs = [p[x] for p in a["train_curve"]]
             ys = [p["mean"] for p in a["train_curve"]]
             sd = [p["std"] for p in a["train_curve"]]
             ax.plot(xs, ys, color=colors[method], label=f"{method} (n={a['n']})")
@@ -446,8 +473,9 @@ def plot_eval_reward(task: str, agg: dict[str, Any], path: Path) -> bool:
     if not methods:
         return False
     colors = _method_colors(list(agg["methods"]))
-    with _figure(path, f"{task}: held-out eval reward (mean ± std over seeds)", "eval/reward") as ax:
-        max_step = max((p["step"] for a in methods.values() for p in a["eval_curve"]), default=0)
+    x, xlabel = _x_axis([a["eval_curve"] for a in methods.values() if not a["eval_only"]])
+    with _figure(path, f"{task}: held-out eval reward (mean ± std over seeds)", "eval/reward", xlabel) as ax:
+        max_step = max((p[x] for a in methods.values() for p in a["eval_curve"] if not a["eval_only"]), default=0)
         for method, a in methods.items():
             label = f"{method} (n={a['n']})"
             if a["eval_only"]:
@@ -456,7 +484,7 @@ def plot_eval_reward(task: str, agg: dict[str, Any], path: Path) -> bool:
                 if p["std"] > 0:
                     ax.axhspan(p["mean"] - p["std"], p["mean"] + p["std"], color=colors[method], alpha=0.1)
             else:
-                ax.errorbar([p["step"] for p in a["eval_curve"]], [p["mean"] for p in a["eval_curve"]],
+                ax.errorbar([p[x] for p in a["eval_curve"]], [p["mean"] for p in a["eval_curve"]],
                             yerr=[p["std"] for p in a["eval_curve"]], color=colors[method], marker="o",
                             capsize=3, label=label)
         ax.set_xlim(-0.02 * max(max_step, 1), max(max_step, 1) * 1.02)
