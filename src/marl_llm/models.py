@@ -157,6 +157,11 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 
 # --------------------------------------------------------------------------------------- agents
+def lora_weights(model, adapter: str) -> dict[str, torch.nn.Parameter]:
+    """One adapter's LoRA weights of a peft model, by name ("<...>.<adapter>.<...>lora_<A|B>...")."""
+    return {n: p for n, p in model.named_parameters() if f".{adapter}." in n and "lora_" in n}
+
+
 @dataclass
 class Agent:
     """One agent: which base model it runs on and which adapter it acts with."""
@@ -220,10 +225,8 @@ class AgentPolicies:
             self.tokenizers.append(tok)
             self.agents.extend(Agent(n, k, adapter_of[n]) for n in names)
         self.eos_ids = [eos_token_ids(m, t) for m, t in zip(self.models, self.tokenizers)]
-        # Each adapter's LoRA weights by name, found once: "<...>.<adapter>.<...>lora_<A|B>..."
-        self._adapter_params = {
-            (k, name): {n: p for n, p in self.models[k].named_parameters() if f".{name}." in n and "lora_" in n}
-            for k, name in self.trainable_adapters()}
+        # Each adapter's LoRA weights by name, found once.
+        self._adapter_params = {(k, name): lora_weights(self.models[k], name) for k, name in self.trainable_adapters()}
         self.optimizers: dict[tuple[int, str], torch.optim.Optimizer] = {
             key: torch.optim.AdamW(self.adapter_parameters(*key), lr=algo_cfg.learning_rate,
                                    weight_decay=algo_cfg.weight_decay)
@@ -262,7 +265,7 @@ class AgentPolicies:
             raise ValueError(f"adapter {name!r} already exists on model {model_index}")
         torch.manual_seed(self.seed + 1000 * model_index + len(model.peft_config))
         model.add_adapter(name, self.lora)
-        params = {n: p for n, p in model.named_parameters() if f".{name}." in n and "lora_" in n}
+        params = lora_weights(model, name)
         for p in params.values():
             p.requires_grad_(True)
         return params

@@ -37,7 +37,7 @@ from marl_llm.algos.returns import gae, normalize_per_group, td0
 from marl_llm.algos.update import UpdateSettings, policy_update
 from marl_llm.episodes import JointNode, JointTree
 from marl_llm.evaluation import reward_metrics
-from marl_llm.models import load_base
+from marl_llm.models import load_base, lora_weights
 from marl_llm.rollout import encode_prompt
 from marl_llm.tasks.base import Problem
 
@@ -95,7 +95,7 @@ class ActorCritic(Algorithm):
             adapter, trunk = name, p.add_adapter(k, name)
         elif c.placement == "actor":
             adapter = p.agents[owner].adapter
-            trunk = {str(j): w for j, w in enumerate(p.adapter_parameters(k, adapter))}
+            trunk = lora_weights(model, adapter)
         else:  # separate: a full copy of the base, every weight trained (the reference's critic)
             model, _ = load_base(p.base_specs[k], p.model_cfg, p.device, p.dtype)
             model.requires_grad_(True)
