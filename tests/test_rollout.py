@@ -184,3 +184,106 @@ def completion_logprobs_packed(model, prompts, comps):
     logits = model(input_ids=ids, attention_mask=att, position_ids=pos, logits_to_keep=C + 1).logits[:, :-1].float()
     logp = torch.gather(F.log_softmax(logits, -1), 2, ids[:, -C:].unsqueeze(2)).squeeze(2)
     return logp * cmask, cmask
+
+
+# ------------------------------------------------------------------ the decode loop of its own
+def hf_greedy(policies, agent: int, message: str, max_new_tokens: int, **kwargs) -> list[int]:
+    """Reference: transformers' own `generate` on the peft model with the agent's adapter."""
+    model, tok = policies.models[0], policies.tokenizers[0]
+    model.set_adapter(policies.agents[agent].adapter)
+    ids = torch.tensor([encode_prompt(tok, message)])
+    with torch.no_grad():
+        seqs = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                              do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=policies.eos_ids[0], **kwargs)
+    return cut_at_eos(seqs[0, ids.shape[1]:], policies.eos_ids[0])[0].tolist()
+
+
+def test_decode_matches_transformers_generate_for_every_row_of_a_mixed_batch(tiny_model_dir):
+    """Mixed adapters, shared prefill of siblings, rows of different prompt lengths (left
+    padding) and lengths (rows leave the batch): each row is what `generate` gives it alone."""
+    policies = make_policies(tiny_model_dir)
+    ro = HFRollout(policies)
+    cases = [(0, "solve it", 7), (1, "solve it", 7), (0, "solve it", 7), (1, "a much longer prompt " * 4, 3),
+             (0, "short", 9)]
+    out = ro.generate([GenRequest(a, m, SamplingParams(temperature=0.0, max_new_tokens=n)) for a, m, n in cases])
+    for (a, m, n), c in zip(cases, out):
+        assert c.completion_ids.tolist() == hf_greedy(policies, a, m, n)
+    assert out[0].completion_ids.tolist() == out[2].completion_ids.tolist()  # siblings, greedy
+    assert out[0].completion_ids.tolist() != out[1].completion_ids.tolist()  # the adapters differ
+
+
+def test_min_new_tokens_holds_back_the_end_of_sequence(tiny_model_dir):
+    policies = make_policies(tiny_model_dir)
+    ro = HFRollout(policies)
+    free = ro.generate([GenRequest(0, "hello", SamplingParams(temperature=0.0, max_new_tokens=8))])[0]
+    stop = free.completion_ids.tolist()[1]  # make the second greedy token an end of sequence
+    policies.eos_ids[0] = policies.eos_ids[0] + [stop]
+    short = ro.generate([GenRequest(0, "hello", SamplingParams(temperature=0.0, max_new_tokens=8))])[0]
+    assert len(short.completion_ids) <= 2 and not short.truncated
+    fixed = ro.generate([GenRequest(0, "hello", SamplingParams(temperature=0.0, max_new_tokens=8, min_new_tokens=8))])[0]
+    assert len(fixed.completion_ids) == 8
+    assert fixed.completion_ids.tolist() == hf_greedy(policies, 0, "hello", 8, min_new_tokens=8)
+
+
+def test_mixed_lora_forward_equals_peft_mixed_batches(tiny_model_dir):
+    from marl_llm.mixed_lora import MixedLoRA
+
+    policies = make_policies(tiny_model_dir)
+    model = policies.models[0]
+    names = ["agent_aux", "agent_main", "agent_main", "agent_aux"]
+    ids = torch.randint(3, 200, (4, 9))
+    with torch.no_grad():
+        want = model(input_ids=ids, adapter_names=names).logits
+        assert MixedLoRA.supported(model, ["agent_aux", "agent_main"])
+        with MixedLoRA(model, names) as lora:
+            lora.set_rows(names)
+            got = model(input_ids=ids).logits
+        after = model(input_ids=ids, adapter_names=names).logits  # peft's own forward is back
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.equal(after, want)
+
+
+# ------------------------------------------------------------------------- the vLLM backend
+def test_vllm_rollout_without_vllm_or_a_gpu_says_how_to_run(tiny_model_dir, tmp_path):
+    import pytest
+
+    from conftest import compose_config, tiny_overrides
+    from marl_llm.config import UserError
+    from marl_llm.trainer import build
+
+    cfg = compose_config(tiny_overrides(tiny_model_dir, tmp_path, "algo=magrpo", "task=tldr", "algo.num_turns=1",
+                                             "trainer.rollout=vllm"))
+    with pytest.raises(UserError, match="use trainer.rollout=hf"):
+        build(cfg)
+
+
+def test_exported_adapter_loads_back_into_peft_with_the_same_weights(tiny_model_dir, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from marl_llm.models import lora_weights
+    from marl_llm.vllm_rollout import export_adapter
+
+    policies = make_policies(tiny_model_dir)
+    model = policies.models[0]
+    path = export_adapter(model, "agent_main", tmp_path / "adapters" / "agent_main-v1")
+    assert (path / "adapter_config.json").exists() and (path / "adapter_model.safetensors").exists()
+    assert [p.name for p in path.parent.iterdir()] == ["agent_main-v1"]  # no temp dir left behind
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), path, adapter_name="agent_main")
+    want = {n.replace("base_model.model.", ""): p for n, p in lora_weights(model, "agent_main").items()}
+    got = {n.replace("base_model.model.", ""): p for n, p in lora_weights(loaded, "agent_main").items()}
+    assert set(got) == set(want) and len(want) > 0
+    assert all(torch.equal(got[n], want[n]) for n in want)
+    assert any(float(w.abs().sum()) > 0 for n, w in want.items() if "lora_B" in n)  # a trained-looking adapter
+
+
+def test_sample_rows_draws_from_each_rows_distribution():
+    from marl_llm.rollout import sample_rows
+
+    torch.manual_seed(0)
+    probs = torch.tensor([[0.0, 0.7, 0.0, 0.3], [0.0, 0.0, 1.0, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    draws = torch.stack([sample_rows(probs) for _ in range(4000)])  # [4000, 3]
+    for row in range(3):
+        freq = torch.bincount(draws[:, row], minlength=4).float() / len(draws)
+        assert torch.allclose(freq, probs[row], atol=0.03), (row, freq)
+        assert torch.all(freq[probs[row] == 0] == 0)  # never a zero-probability token

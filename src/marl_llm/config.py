@@ -48,6 +48,9 @@ class SamplingConfig:
     top_p: float = 0.9
     top_k: int = 0
     max_new_tokens: int = 96
+    # No end of sequence before this many tokens (0: off). Benchmarks set it to max_new_tokens so
+    # every completion, step and system generates the same number of tokens.
+    min_new_tokens: int = 0
 
 
 # ---------------------------------------------------------------------------------------- algo
@@ -381,6 +384,10 @@ class TrainerConfig:
     # Continue from <run_dir>/checkpoint if it exists.
     resume: bool = False
     gradient_checkpointing: bool = False
+    # Rollout backend: hf (the trainer's own models, any device) or vllm (GPU; multi-LoRA, one
+    # adapter per agent, synced after every update). vllm_gpu_memory_utilization: vLLM's share.
+    rollout: str = "hf"
+    vllm_gpu_memory_utilization: float = 0.4
     # Write a short markdown summary (before/after reward and pass@1, speed, memory) here.
     summary_file: Optional[str] = None
 
@@ -435,12 +442,16 @@ def _check_sampling(key: str, s: Any) -> None:
     _check(0 < s.get("top_p", 1.0) <= 1, f"{key}.top_p", "must be in (0, 1]")
     _check(s.get("top_k", 0) >= 0, f"{key}.top_k", "must be >= 0 (0: off)")
     _check(s.get("max_new_tokens", 1) >= 1, f"{key}.max_new_tokens", "must be >= 1")
+    _check(0 <= s.get("min_new_tokens", 0) <= s.get("max_new_tokens", 1), f"{key}.min_new_tokens",
+           "must be in [0, max_new_tokens]")
 
 
 def validate(cfg: DictConfig) -> None:
     """Check values that types cannot: raises UserError naming the key and the valid range."""
     a, t = cfg.algo, cfg.trainer
     _choice(cfg, "model.dtype", ("auto", "float32", "bfloat16", "float16"))
+    _choice(cfg, "trainer.rollout", ("hf", "vllm"))
+    _check(0 < t.vllm_gpu_memory_utilization < 1, "trainer.vllm_gpu_memory_utilization", "must be in (0, 1)")
     _check(cfg.model.device == "auto" or cfg.model.device.split(":")[0] in ("cpu", "cuda", "mps"),
            "model.device", f"{cfg.model.device!r}: use auto, cpu, cuda or cuda:<i>")
     _check(bool(cfg.model.path or cfg.model.embedded or cfg.model.hub_id or cfg.model.agent_bases), "model",

@@ -17,6 +17,7 @@ import shlex
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from marl_llm.episodes import JointTree
 from marl_llm.evaluation import evaluate
 from marl_llm.loggers import RunLogger
 from marl_llm.models import AgentPolicies
-from marl_llm.rollout import HFRollout
+from marl_llm.rollout import HFRollout, Rollout
 from marl_llm.tasks import Problem, build_task
 from marl_llm.tasks.turn_based import TurnTask
 
@@ -81,18 +82,24 @@ def sample_rows(tree: JointTree, agent_names: list[str], n: int) -> list[dict[st
     return rows
 
 
-def train(cfg: DictConfig) -> float:
-    validate(cfg)
-    quiet_libraries()
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    # The resolved config next to the metrics: marl-llm-report reads both (no W&B needed).
-    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    seed_everything(cfg.seed)
-    tc = cfg.trainer
+@dataclass
+class Setup:
+    """Everything a run trains with, built from the config (the benchmark builds the same)."""
 
+    task: Any
+    policies: AgentPolicies
+    rollout: Rollout
+    algo: Any
+    train_set: list[Problem]
+    eval_set: list[Problem]
+    max_steps: int
+
+
+def build(cfg: DictConfig, task: Any = None) -> Setup:
+    """The run's task, policies, rollout and algorithm; `task` replaces cfg.task's (benchmarks)."""
+    tc = cfg.trainer
     algo_cls = algorithm_class(cfg.algo.name)
-    task = algo_cls.task_view(build_task(cfg.task), cfg.algo)
+    task = task or algo_cls.task_view(build_task(cfg.task), cfg.algo)
     if isinstance(task, TurnTask) and not algo_cls.supports_turn_tasks:
         raise UserError(f"algo={cfg.algo.name} does not play turn-based tasks ({task.name}) yet: use algo=at_grpo "
                         "(trainer.max_steps=0 evaluates the untrained team)")
@@ -111,9 +118,59 @@ def train(cfg: DictConfig) -> float:
     policies = AgentPolicies(task.agent_names, cfg.model, cfg.algo, cfg.seed)
     if tc.gradient_checkpointing:
         policies.enable_gradient_checkpointing()
-    rollout = HFRollout(policies, max_batch=tc.sequences_per_generate)
-    algo = build_algorithm(cfg.algo, task, policies, rollout, tc.completions_per_micro_batch)
+    if tc.rollout == "vllm":
+        from marl_llm.vllm_rollout import VLLMRollout
 
+        rollout = VLLMRollout(policies, tc.vllm_gpu_memory_utilization)
+    else:
+        rollout = HFRollout(policies, max_batch=tc.sequences_per_generate)
+    algo = build_algorithm(cfg.algo, task, policies, rollout, tc.completions_per_micro_batch)
+    return Setup(task, policies, rollout, algo, train_set, eval_set, max_steps)
+
+
+def train_step(run: Setup, cfg: DictConfig, step: int,
+               problems: list[Problem] | None = None) -> tuple[JointTree, dict[str, float]]:
+    """One training step: collect a rollout tree, advantages, one update per adapter. Returns the
+    tree and the step's metrics (TRL names, timings, throughput, peak memory). `problems`
+    overrides the step's batch (the benchmark feeds every system the same prompts)."""
+    policies, algo = run.policies, run.algo
+    t0 = time.perf_counter()
+    if problems is None:
+        problems = batch_for_step(run.train_set, step, cfg.trainer.prompts_per_step, cfg.seed)
+    tree = algo.collect(problems)
+    t_rollout = time.perf_counter()
+    batches = algo.advantages(tree)
+    stats = algo.update(batches)
+    run.rollout.update_weights()
+    t_end = time.perf_counter()
+
+    metrics = algo.rollout_metrics(tree)
+    metrics.update(stats)
+    metrics.update(_agent_means(stats, [policies.policy_label(k) for k in policies.trainable_adapters()]))
+    metrics["step_time"] = t_end - t0
+    metrics["perf/time_per_step"] = t_end - t0
+    metrics["timing/rollout"] = t_rollout - t0
+    metrics["timing/update"] = t_end - t_rollout
+    metrics["perf/throughput"] = metrics.get("num_tokens", 0.0) / max(t_end - t0, 1e-9)
+    metrics["perf/rollout_tokens_per_s"] = metrics.get("num_tokens", 0.0) / max(t_rollout - t0, 1e-9)
+    metrics["perf/peak_rss_gib"] = peak_rss_gib()
+    return tree, metrics
+
+
+def train(cfg: DictConfig) -> float:
+    validate(cfg)
+    quiet_libraries()
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # The resolved config next to the metrics: marl-llm-report reads both (no W&B needed).
+    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    seed_everything(cfg.seed)
+    tc = cfg.trainer
+
+    run = build(cfg)
+    task, policies, algo = run.task, run.policies, run.algo
+    train_set, eval_set, max_steps = run.train_set, run.eval_set, run.max_steps
+    algo_cls = type(algo)
     start_step, wandb_id = 0, None
     if tc.resume:
         ckpt = load_checkpoint(run_dir, policies, algo)
@@ -146,27 +203,10 @@ def train(cfg: DictConfig) -> float:
         step_times: list[float] = []
         last_train: dict[str, float] = {}
         for step in range(start_step, max_steps):
-            t0 = time.perf_counter()
-            problems = batch_for_step(train_set, step, tc.prompts_per_step, cfg.seed)
-            tree = algo.collect(problems)
-            t_rollout = time.perf_counter()
-            batches = algo.advantages(tree)
-            stats = algo.update(batches)
-            rollout.update_weights()
-            t_end = time.perf_counter()
-
-            metrics = algo.rollout_metrics(tree)
-            metrics.update(stats)
-            metrics.update(_agent_means(stats, [policies.policy_label(k) for k in policies.trainable_adapters()]))
-            metrics["step_time"] = t_end - t0
-            metrics["perf/time_per_step"] = t_end - t0
-            metrics["timing/rollout"] = t_rollout - t0
-            metrics["timing/update"] = t_end - t_rollout
-            metrics["perf/throughput"] = metrics.get("num_tokens", 0.0) / max(t_end - t0, 1e-9)
-            metrics["perf/peak_rss_gib"] = peak_rss_gib()
+            tree, metrics = train_step(run, cfg, step)
             logger.log("train", metrics, step + 1)
             logger.log_samples("train", sample_rows(tree, policies.agent_names, cfg.logger.sample_rows), step + 1)
-            step_times.append(t_end - t0)
+            step_times.append(metrics["step_time"])
             last_train = metrics
             print(f"[marl-llm] step {step + 1}/{max_steps}: "
                   + _fmt(metrics, ("reward", "reward_std", "loss", "entropy", "completions/mean_length", "step_time")),

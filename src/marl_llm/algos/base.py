@@ -17,7 +17,7 @@ import torch
 from marl_llm.episodes import JointNode, JointTree, collect_tree
 from marl_llm.models import AgentPolicies
 from marl_llm.registry import registrar
-from marl_llm.rollout import Completion, HFRollout, SamplingParams
+from marl_llm.rollout import Completion, Rollout, SamplingParams
 from marl_llm.evaluation import reward_metrics
 from marl_llm.tasks.base import Problem, Task, import_submodules
 from marl_llm.tasks.turn_based import TurnTask, collect_episode_tree
@@ -51,7 +51,7 @@ class Algorithm(ABC):
         """The task as this algorithm's agents see it (algo=single: one agent doing every part)."""
         return task
 
-    def __init__(self, cfg: Any, task: Task, policies: AgentPolicies, rollout: HFRollout,
+    def __init__(self, cfg: Any, task: Task, policies: AgentPolicies, rollout: Rollout,
                  micro_batch_size: int = 8):
         self.cfg = cfg
         # Completions per forward/backward pass (gradient accumulation above it).
@@ -127,7 +127,7 @@ def algorithm_class(name: str) -> type[Algorithm]:
     return ALGORITHMS[name]  # type: ignore[return-value]
 
 
-def build_algorithm(cfg: Any, task: Task, policies: AgentPolicies, rollout: HFRollout,
+def build_algorithm(cfg: Any, task: Task, policies: AgentPolicies, rollout: Rollout,
                     micro_batch_size: int = 8) -> Algorithm:
     """`task` as returned by `algorithm_class(cfg.name).task_view(...)`."""
     return algorithm_class(cfg.name)(cfg, task, policies, rollout, micro_batch_size)

@@ -1,0 +1,273 @@
+"""`make bench` / `python -m marl_llm.bench`: marl-llm against its peers, side by side, one run.
+
+    python -m marl_llm.bench                      # the full benchmark (about 25 min on 2 CPU cores)
+    python -m marl_llm.bench --quick --model DIR  # a smoke run on a tiny model (the tests)
+
+Comparisons (each group's systems alternate A B C A B C ... after a warm-up, every system in its
+own worker process so that peak memory is its own):
+- magrpo: marl-llm `algo=magrpo` vs comlrl's MAGRPOTrainer vs the ceiling (bare `generate` +
+  one forward/backward), 2 agents, G=4, 64 new tokens (fixed: min = max), 1 prompt per step.
+- grpo: marl-llm `algo=single` vs trl's GRPOTrainer, 1 agent, LoRA r=8 on q/v, G=4, 64 tokens.
+Then the rollout levers one at a time (bench/levers.py), marl-llm's scaling as G, the number of agents and the new tokens double, and a py-spy
+profile of marl-llm's step. Writes results/bench.{md,json}, bench_scaling.png,
+bench_profile.md. Timings are measured, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from marl_llm.bench.workload import Workload
+
+TRL_LORA = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+
+
+# ------------------------------------------------------------------------------------- workers
+class Worker:
+    """A system's worker process: built on start, stepped on demand."""
+
+    def __init__(self, system: str, workload: Workload, log_dir: Path, prefix: list[str] | None = None):
+        self.system, self.workload = system, workload
+        self.log = log_dir / f"{system}-{os.getpid()}-{time.monotonic_ns()}.log"
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", WANDB_MODE="disabled")
+        command = [*(prefix or []), sys.executable, "-m", "marl_llm.bench.worker", system, workload.to_json()]
+        self.proc = subprocess.Popen(command,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(self.log, "w"),
+                                     text=True, env=env)
+        self.error: str | None = None
+        self.ready = self._read("ready")
+        self.steps: list[dict[str, Any]] = []
+
+    def _read(self, expected: str) -> dict[str, Any] | None:
+        if self.error:
+            return None
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        while line and not line.startswith('{"event"'):  # a profiler's own chatter (py-spy prints to stdout)
+            line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line:
+            self.error = f"{self.system} exited ({self.proc.wait()}): see {self.log}\n" + _tail(self.log)
+            return None
+        msg = json.loads(line)
+        if msg["event"] == "error":
+            self.error = msg["message"]
+            self.proc.wait()
+            return None
+        assert msg["event"] == expected, msg
+        return msg
+
+    def send(self, command: str, expected: str) -> dict[str, Any] | None:
+        if self.error:
+            return None
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._read(expected)
+
+    def step(self) -> dict[str, Any] | None:
+        return self.send("step", "step")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+                self.proc.wait(timeout=60)
+            except Exception:
+                self.proc.kill()
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def alternate(systems: list[str], workload: Workload, warmup: int, steps: int, log_dir: Path) -> dict[str, dict[str, Any]]:
+    """Build every system, then step them in turn (A B C A B C ...): warm-up rounds first, then
+    timed rounds. Returns each system's results."""
+    workers = []
+    for name in systems:
+        print(f"[bench] building {name} ...", flush=True)
+        workers.append(Worker(name, workload, log_dir))
+    for r in range(warmup + steps):
+        for w in workers:
+            stats = w.step()
+            if stats is not None and r >= warmup:
+                w.steps.append(stats)
+            if stats is not None:
+                print(f"[bench] {w.system} {'warm-up' if r < warmup else 'step'} {r + 1}: {stats['seconds']:.2f} s", flush=True)
+    out = {}
+    for w in workers:
+        out[w.system] = summarize(w)
+        w.close()
+    return out
+
+
+def profile_marl(workload: Workload, steps: int, path: Path, log_dir: Path) -> str | None:
+    """marl-llm's step under py-spy (one warm-up step first): writes `path`; returns an error."""
+    from marl_llm.bench import profile
+
+    raw = log_dir / "profile.raw"
+    prefix = profile.record_command(raw)
+    if prefix is None:
+        return "py-spy is not installed: pip install -e '.[bench]'"
+    worker = Worker("marl_magrpo", workload, log_dir, prefix=prefix)
+    for _ in range(1 + steps):
+        worker.step()
+    worker.close()
+    if worker.error or not raw.exists():
+        return worker.error or f"py-spy wrote no profile: see {worker.log}"
+    w = workload
+    profile.write(raw, path, f"Profile of marl-llm's MAGRPO step ({w.agents} agents, G={w.num_generations}, "
+                             f"{w.new_tokens} new tokens, {steps} step(s) after a warm-up)")
+    return None
+
+
+def summarize(w: Worker) -> dict[str, Any]:
+    if w.error or not w.steps:
+        return {"error": w.error or "no steps", "workload": dataclasses.asdict(w.workload)}
+    secs = [s["seconds"] for s in w.steps]
+    med = statistics.median(secs)
+    tokens = statistics.median(s["tokens"] for s in w.steps)
+    rollouts = [s["rollout_seconds"] for s in w.steps if s.get("rollout_seconds") is not None]
+    gen = statistics.median(rollouts) if rollouts else None
+    return {"median_step_s": med, "step_s": secs, "tokens_per_step": tokens, "tokens_per_s": tokens / med,
+            "median_rollout_s": gen, "rollout_tokens_per_s": (tokens / gen) if gen else None,
+            "peak_rss_gib": max(s["peak_rss_gib"] for s in w.steps),
+            "build_s": (w.ready or {}).get("build_seconds"), "workload": dataclasses.asdict(w.workload)}
+
+
+def ratio(a: dict[str, Any], b: dict[str, Any], key: str) -> float | None:
+    if a.get(key) is None or b.get(key) is None:
+        return None
+    return a[key] / b[key]
+
+
+# --------------------------------------------------------------------------------------- plans
+def plan(args: argparse.Namespace) -> dict[str, Any]:
+    """The workloads: the issue's setting, or a tiny one for --quick (tests)."""
+    if args.quick:
+        base = dict(model=args.model, new_tokens=4, num_generations=2, threads=args.threads, dtype=args.dtype)
+        return {"magrpo": Workload(agents=2, **base), "grpo": Workload(agents=1, lora=TRL_LORA, **base),
+                "scaling": {"num_generations": [2, 4], "agents": [2, 4], "new_tokens": [4, 8]},
+                "warmup": 0, "steps": 1, "scaling_steps": 1, "profile_steps": 3, "lever_rounds": 1}
+    base = dict(model=args.model, new_tokens=64, num_generations=4, threads=args.threads, dtype=args.dtype)
+    return {"magrpo": Workload(agents=2, **base), "grpo": Workload(agents=1, lora=TRL_LORA, **base),
+            "scaling": {"num_generations": [2, 4, 8], "agents": [2, 4, 8], "new_tokens": [32, 64, 128]},
+            "warmup": args.warmup, "steps": args.steps, "scaling_steps": 2, "profile_steps": 2,
+            "lever_rounds": 3}
+
+
+def run_scaling(base: Workload, axes: dict[str, list[int]], steps: int, log_dir: Path) -> list[dict[str, Any]]:
+    """marl-llm alone, one worker per point; every axis doubles from the base workload (the base
+    point, shared by the three axes, runs once)."""
+    points, measured = [], {}
+    for axis, values in axes.items():
+        for v in values:
+            w = dataclasses.replace(base, **{axis: v})
+            if w.to_json() not in measured:
+                measured[w.to_json()] = alternate(["marl_magrpo"], w, 1, steps, log_dir)["marl_magrpo"]
+            points.append({"axis": axis, "value": v, **measured[w.to_json()]})
+    return points
+
+
+def machine() -> dict[str, Any]:
+    import importlib.metadata as md
+
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    versions = {}
+    for dist in ("torch", "transformers", "peft", "comlrl", "trl"):
+        try:
+            versions[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            versions[dist] = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem, 1), "torch_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "python": platform.python_version(), "versions": versions}
+
+
+# -------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m marl_llm.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="embedded", help="embedded (SmolLM2-135M) or a local HF checkpoint dir")
+    ap.add_argument("--out", default="results", help="where bench.md, bench.json and the figures go")
+    ap.add_argument("--steps", type=int, default=4, help="timed steps per system (after the warm-up)")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: torch's default)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="weights of every system (the peers' defaults on CPU: float32)")
+    ap.add_argument("--groups", default="magrpo,grpo,levers",
+                    help="comma list: magrpo, grpo (the comparisons), levers (rollout levers one at a time)")
+    ap.add_argument("--no-scaling", action="store_true")
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="tiny settings: checks that everything runs")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="marl-bench-logs-"))
+    p = plan(args)
+    t0 = time.perf_counter()
+    report: dict[str, Any] = {"command": "python -m marl_llm.bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+                              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(), "groups": {}}
+    groups = [g.strip() for g in args.groups.split(",") if g.strip()]
+    if "magrpo" in groups:
+        report["groups"]["magrpo"] = alternate(["marl_magrpo", "comlrl_magrpo", "bare_generate"], p["magrpo"],
+                                               p["warmup"], p["steps"], log_dir)
+    if "grpo" in groups:
+        report["groups"]["grpo"] = alternate(["marl_grpo", "trl_grpo"], p["grpo"], p["warmup"], p["steps"], log_dir)
+    if "levers" in groups:
+        from marl_llm.bench.levers import measure_levers
+
+        print("[bench] rollout levers ...", flush=True)
+        report["levers"] = measure_levers(p["magrpo"], p["lever_rounds"])
+    if not args.no_scaling:
+        report["scaling"] = run_scaling(p["magrpo"], p["scaling"], p["scaling_steps"], log_dir)
+    if not args.no_profile:
+        path = out / "bench_profile.md"
+        report["profile_error"] = profile_marl(p["magrpo"], p["profile_steps"], path, log_dir)
+        report["profile"] = None if report["profile_error"] else path.name
+    report["ratios"] = ratios(report["groups"])
+    report["wall_s"] = time.perf_counter() - t0
+
+    from marl_llm.bench.report import write_report
+
+    write_report(report, out)
+    print(f"[bench] wrote {out / 'bench.md'} and {out / 'bench.json'} in {report['wall_s']:.0f} s", flush=True)
+    failed = [f"{g}/{s}: {r['error']}" for g, res in report["groups"].items() for s, r in res.items()
+              if "error" in r and not s.startswith(("comlrl", "trl"))]
+    for f in failed:
+        print(f"[bench] error: {f}", file=sys.stderr)
+    return 1 if failed else 0  # a missing peer is reported, not a failure; marl-llm's own must run
+
+
+def ratios(groups: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    m = groups.get("magrpo", {})
+    g = groups.get("grpo", {})
+    ours, comlrl, bare = m.get("marl_magrpo", {}), m.get("comlrl_magrpo", {}), m.get("bare_generate", {})
+    return {
+        "magrpo_step_time_vs_comlrl": ratio(ours, comlrl, "median_step_s"),
+        "magrpo_peak_rss_vs_comlrl": ratio(ours, comlrl, "peak_rss_gib"),
+        "grpo_step_time_vs_trl": ratio(g.get("marl_grpo", {}), g.get("trl_grpo", {}), "median_step_s"),
+        "grpo_peak_rss_vs_trl": ratio(g.get("marl_grpo", {}), g.get("trl_grpo", {}), "peak_rss_gib"),
+        "rollout_throughput_vs_bare_generate": ratio(ours, bare, "rollout_tokens_per_s"),
+        "step_time_vs_ceiling": ratio(ours, bare, "median_step_s"),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
