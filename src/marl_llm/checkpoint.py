@@ -1,13 +1,18 @@
-"""Checkpoints that hold everything needed to resume, written atomically.
+"""Checkpoints that hold everything needed to resume, written atomically, with a fallback.
 
 `<run_dir>/checkpoint.pt` holds the adapters, the optimizer states, the step, every RNG state,
-the resolved config and the W&B run id. It is written to a temporary file in the same directory
-and renamed over the old one, so a crash mid-write never loses the previous checkpoint.
+the resolved config, the W&B run id and how far the local logs had got. It is written to a
+temporary file in the same directory; then the previous checkpoint becomes `checkpoint.prev.pt`
+and the new one is renamed into place. A kill at any moment leaves at least one complete
+checkpoint, and a corrupt or partial `checkpoint.pt` (a bad copy, a full disk) is detected on
+resume, which then falls back to `checkpoint.prev.pt` and says so.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +25,12 @@ from marl_llm.config import UserError
 from marl_llm.models import AgentPolicies
 
 CHECKPOINT = "checkpoint.pt"
+PREVIOUS = "checkpoint.prev.pt"
+REQUIRED = ("step", "adapters", "optimizers", "rng", "config", "wandb_id")
+LOGS = ("metrics.jsonl", "samples.jsonl")
+# Fault injection for the kill-and-resume tests: "kill_in_checkpoint:<step>" SIGKILLs the run
+# halfway through writing that step's checkpoint.
+FAULT_ENV = "MARL_LLM_FAULT"
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
@@ -45,7 +56,7 @@ def save_checkpoint(run_dir: Path, cfg: DictConfig, policies: AgentPolicies, ste
                     wandb_id: str | None, algorithm_state: dict[str, Any] | None = None) -> Path:
     """algorithm_state: the algorithm's own training state (critics, ...), `Algorithm.state_dict()`."""
     path = run_dir / CHECKPOINT
-    atomic_torch_save({
+    state = {
         "step": step,
         "adapters": policies.adapter_state(),
         "optimizers": policies.optimizer_state(),
@@ -53,17 +64,51 @@ def save_checkpoint(run_dir: Path, cfg: DictConfig, policies: AgentPolicies, ste
         "rng": rng_state(),
         "config": OmegaConf.to_container(cfg, resolve=True),
         "wandb_id": wandb_id,
-    }, path)
+        # Bytes of each local log at this step: a resumed run cuts the logs back to them, so the
+        # steps it repeats are not logged twice.
+        "log_bytes": {name: (run_dir / name).stat().st_size if (run_dir / name).exists() else 0 for name in LOGS},
+    }
+
+    def write(tmp: str) -> None:
+        torch.save(state, tmp)
+        if os.environ.get(FAULT_ENV) == f"kill_in_checkpoint:{step}":
+            with open(tmp, "r+b") as f:  # half a file on disk, then the process is gone
+                f.truncate(os.path.getsize(tmp) // 2)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if path.exists():
+            os.replace(path, run_dir / PREVIOUS)  # the last good checkpoint stays until the next save
+
+    atomic_write(path, write)
     return path
 
 
-def load_checkpoint(run_dir: Path, policies: AgentPolicies, algorithm: Any = None) -> dict[str, Any] | None:
-    """Restore adapters, optimizers, the algorithm's state (critics) and RNG states from run_dir;
-    returns the checkpoint (or None)."""
-    path = run_dir / CHECKPOINT
+def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """(checkpoint, "") or (None, why it cannot be used)."""
     if not path.is_file():
-        return None
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        return None, "missing"
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # noqa: BLE001  (a truncated zip, garbage bytes, ...)
+        return None, f"unreadable ({type(err).__name__}: {str(err)[:120]})"
+    missing = [k for k in REQUIRED if not isinstance(ckpt, dict) or k not in ckpt]
+    return (None, f"incomplete (no {', '.join(missing)})") if missing else (ckpt, "")
+
+
+def load_checkpoint(run_dir: Path, policies: AgentPolicies, algorithm: Any = None) -> dict[str, Any] | None:
+    """Restore adapters, optimizers, the algorithm's state (critics) and RNG states from run_dir,
+    falling back to the previous checkpoint when the latest is corrupt; cut the local logs back
+    to the checkpoint's step. Returns the checkpoint (or None: nothing to resume)."""
+    path = run_dir / CHECKPOINT
+    ckpt, why = _read(path)
+    if ckpt is None:
+        previous, why_previous = _read(run_dir / PREVIOUS)
+        if previous is None:
+            if why == "missing" and why_previous == "missing":
+                return None
+            raise UserError(f"no usable checkpoint in {run_dir}: {CHECKPOINT} is {why}, {PREVIOUS} is {why_previous}; "
+                            "start a new run dir (hydra.run.dir=...) or drop trainer.resume")
+        print(f"[marl-llm] warning: {path} is {why}; resuming from {PREVIOUS} (step {previous['step']})", flush=True)
+        ckpt, path = previous, run_dir / PREVIOUS
     try:
         policies.load_adapter_state(ckpt["adapters"])
         policies.load_optimizer_state(ckpt["optimizers"])
@@ -73,4 +118,10 @@ def load_checkpoint(run_dir: Path, policies: AgentPolicies, algorithm: Any = Non
         raise UserError(f"{path} does not match this config's agents/adapters ({err}); resume with the "
                         "config the run was started with, or start a new run dir (hydra.run.dir=...)") from None
     set_rng_state(ckpt["rng"])
+    ckpt["path"] = str(path)
+    for name, size in ckpt.get("log_bytes", {}).items():
+        log = run_dir / name
+        if log.exists() and log.stat().st_size > size:
+            with open(log, "r+b") as f:
+                f.truncate(size)
     return ckpt

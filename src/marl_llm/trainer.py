@@ -176,7 +176,7 @@ def train(cfg: DictConfig) -> float:
         ckpt = load_checkpoint(run_dir, policies, algo)
         if ckpt is not None:
             start_step, wandb_id = ckpt["step"], ckpt["wandb_id"]
-            print(f"[marl-llm] resumed from {run_dir / 'checkpoint.pt'} at step {start_step}", flush=True)
+            print(f"[marl-llm] resumed from {ckpt['path']} at step {start_step}", flush=True)
     logger = RunLogger(cfg, run_dir, wandb_id)
     summary: dict[str, Any] = {"before": None, "after": None, "eval_problems": len(eval_set),
                                "train_problems": len(train_set)}
