@@ -58,13 +58,34 @@ def test_tiny_run_end_to_end_with_offline_wandb(tiny_model_dir, tmp_path):
 
 
 def test_multirun_sweeps_seeds(tiny_model_dir, tmp_path):
-    sweep = tmp_path / "sweep"
-    out = run([CLI, "-m", "seed=0,1", *tiny_args(tiny_model_dir, "logger=none", "trainer.eval_before=false",
+    sweep = tmp_path / "multirun" / "sweep1"
+    out = run([CLI, "-m", "seed=0,1", *tiny_args(tiny_model_dir, "logger=wandb", "trainer.eval_before=false",
                                                  "trainer.eval_after=false", f"hydra.sweep.dir={sweep}")], tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     metrics = sorted(sweep.rglob("metrics.jsonl"))
     assert len(metrics) == 2
     assert {p.parent.name for p in metrics} == {"seed=0", "seed=1"}
+    # The sweep's runs share one W&B group; each run's name and tags say algorithm, task, model, seed.
+    runs = [json.loads(p.with_name("wandb.json").read_text()) for p in metrics]
+    assert {r["group"] for r in runs} == {"sweep-multirun-sweep1"}
+    assert {r["name"] for r in runs} == {"magrpo-humaneval-local-seed0", "magrpo-humaneval-local-seed1"}
+    for r in runs:
+        assert {"algo:magrpo", "task:humaneval", "model:local"} <= set(r["tags"])
+        assert f"seed:{r['name'][-1]}" in r["tags"] and len(r["id"]) > 4
+
+
+def test_a_single_runs_group_is_shared_by_its_seeds():
+    from omegaconf import OmegaConf
+
+    from marl_llm.loggers import run_identity
+
+    cfg = OmegaConf.create({"algo": {"name": "collm_cc"}, "task": {"name": "strbuild"}, "model": {"name": "smollm2-135m"},
+                            "seed": 3, "logger": {"group": None, "tags": ["paper"]}})
+    ident = run_identity(cfg)
+    assert ident["group"] == "collm_cc-strbuild" and ident["name"] == "collm_cc-strbuild-smollm2-135m-seed3"
+    assert ident["tags"] == ["algo:collm_cc", "task:strbuild", "model:smollm2-135m", "seed:3", "paper"]
+    cfg.logger.group = "ablation"
+    assert run_identity(cfg, "multirun/2026-11-22/10-00-00")["group"] == "ablation"  # an explicit group wins
 
 
 def test_non_editable_install_finds_its_config(tmp_path):

@@ -16,6 +16,35 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
+from marl_llm.atomic import atomic_write_text
+
+
+def sweep_dir() -> str | None:
+    """The multirun's sweep directory when this job is one of a Hydra sweep, else None."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        return str(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
+    except Exception:  # noqa: BLE001  (no Hydra context: tests, the benchmark)
+        return None
+
+
+def run_identity(cfg: DictConfig, sweep: str | None = None) -> dict[str, Any]:
+    """W&B group, name and tags of a run. The runs of one sweep share a group (named after its
+    sweep directory); a single run's group is <algo>-<task>, shared by its seeds. The name and
+    the tags say algorithm, task, model and seed; `logger.group` / `logger.tags` add to them."""
+    algo, task, model, seed = cfg.algo.name, cfg.task.name, cfg.model.name, cfg.seed
+    if cfg.logger.group:
+        group = cfg.logger.group
+    elif sweep:
+        group = "sweep-" + "-".join(Path(sweep).parts[-2:])
+    else:
+        group = f"{algo}-{task}"
+    tags = [f"algo:{algo}", f"task:{task}", f"model:{model}", f"seed:{seed}", *cfg.logger.tags]
+    return {"group": group, "name": f"{algo}-{task}-{model}-seed{seed}", "tags": list(dict.fromkeys(tags))}
+
 
 class RunLogger:
     def __init__(self, cfg: DictConfig, run_dir: Path, wandb_id: str | None = None):
@@ -40,13 +69,15 @@ class RunLogger:
                 kwargs["mode"] = lc.mode
             elif not os.environ.get("WANDB_MODE") and not os.environ.get("WANDB_API_KEY"):
                 kwargs["mode"] = "offline"
-            run_name = f"{cfg.algo.name}-{cfg.task.name}-{cfg.model.name}-seed{cfg.seed}"
+            identity = run_identity(cfg, sweep_dir())
             self.wandb = wandb.init(
-                project=lc.project, entity=lc.entity, group=lc.group or f"{cfg.algo.name}-{cfg.task.name}",
-                job_type="train", name=run_name, tags=list(lc.tags),
+                project=lc.project, entity=lc.entity, job_type="train", **identity,
                 config=OmegaConf.to_container(cfg, resolve=True), dir=str(self.run_dir), id=wandb_id,
                 resume="allow", settings=wandb.Settings(init_timeout=60), **kwargs)
             self.wandb_id = self.wandb.id
+            # Which W&B run this run dir is (find it in the UI, or `wandb sync` it when offline).
+            atomic_write_text(self.run_dir / "wandb.json",
+                              json.dumps({"id": self.wandb_id, "project": lc.project, **identity}, indent=2))
             self.wandb.define_metric("train/global_step")
             self.wandb.define_metric("train/*", step_metric="train/global_step")
             self.wandb.define_metric("eval/*", step_metric="train/global_step")
