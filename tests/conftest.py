@@ -43,14 +43,9 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 def compose_config(overrides: list[str]):
     """The real config from conf/, as the CLI composes it (run_dir set explicitly)."""
-    from hydra import compose, initialize_config_dir
+    from marl_llm.cli import compose_config as compose
 
-    from marl_llm.cli import config_dir
-    from marl_llm.config import register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir(), version_base="1.3"):
-        return compose("config", overrides=overrides)
+    return compose(overrides)
 
 
 def tiny_overrides(model_dir: Path, run_dir: Path, *extra: str) -> list[str]:

@@ -33,10 +33,6 @@ LOGS = ("metrics.jsonl", "samples.jsonl")
 FAULT_ENV = "MARL_LLM_FAULT"
 
 
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    atomic_write(path, lambda tmp: torch.save(obj, tmp))
-
-
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():

@@ -30,6 +30,16 @@ def config_dir() -> str:
     return str(Path(__file__).resolve().parents[2] / "conf")
 
 
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The real config from conf/ for these overrides, as the console script composes it (no
+    validation: callers validate, or test invalid values)."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir(), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
 register_configs()
 # Sweep subdirs: <overrides>/seed=<s>, so the seeds of one configuration sit side by side (and a
 # seed-only sweep gets seed=<s>, not an absolute "/seed=<s>").

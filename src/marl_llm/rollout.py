@@ -169,23 +169,27 @@ class HFRollout:
         model, tok = self.policies.models[k], self.policies.tokenizers[k]
         prompts = [encode_prompt(tok, r.message) for r in requests]
         adapters = [self.policies.agents[r.agent].adapter for r in requests]
-        generated = decode(model, prompts, adapters, [r.sampling for r in requests], self.policies.eos_ids[k],
-                           tok.pad_token_id)
-        results = []
-        for b, ids in enumerate(generated):
-            ids, truncated = cut_at_eos(ids, self.policies.eos_ids[k])
-            results.append(Completion(torch.tensor(prompts[b]), ids, tok.decode(ids, skip_special_tokens=True), truncated))
-        return results
+        eos_ids = self.policies.eos_ids[k]
+        generated = decode(model, prompts, adapters, [r.sampling for r in requests], eos_ids, tok.pad_token_id)
+        return [to_completion(tok, p, ids, eos_ids) for p, ids in zip(prompts, generated)]
 
 
-def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-padded input_ids [B, P], attention_mask [B, P] and position_ids [B, P] (counting real
-    tokens only, so a padded row sees the positions it would see alone)."""
+def to_completion(tokenizer, prompt: list[int], generated: torch.Tensor, eos_ids: list[int]) -> Completion:
+    """A Completion from its exact prompt ids and generated ids, cut at the first end of sequence
+    (every rollout backend builds its completions here, so they score alike)."""
+    ids, truncated = cut_at_eos(generated, eos_ids)
+    return Completion(torch.tensor(prompt), ids, tokenizer.decode(ids, skip_special_tokens=True), truncated)
+
+
+def left_pad(prompts: list[Any], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prompts (id lists or tensors) as left-padded input_ids [B, P], attention_mask [B, P] and
+    position_ids [B, P] (counting real tokens only, so a padded row sees the positions it would
+    see alone)."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     att = torch.zeros((len(prompts), width), dtype=torch.long)
     for b, p in enumerate(prompts):
-        ids[b, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        ids[b, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
         att[b, width - len(p):] = 1
     return ids, att, (att.cumsum(dim=1) - 1).clamp(min=0)
 
@@ -265,6 +269,9 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
     lora = MixedLoRA(model, adapters) if mixed else contextlib.nullcontext()
     eos = torch.tensor(eos_ids, device=device)
     max_new = [p.max_new_tokens for p in params]
+    # Per-request length limits [B], indexed by `rows` (the requests still running).
+    min_len = torch.tensor([p.min_new_tokens for p in params], device=device)
+    max_len = torch.tensor(max_new, device=device)
     out = torch.full((len(prompts), max(max_new)), pad_id, dtype=torch.long)
     with lora:
         def forward(row_adapters: list[str], **inputs: Any):
@@ -289,12 +296,12 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
         eos_column = torch.isin(torch.arange(logits.shape[-1], device=device), eos)  # [V]
         for t in range(max(max_new)):
             scores = logits.float()
-            early = torch.tensor([t < params[int(i)].min_new_tokens for i in rows], device=device)
+            early = t < min_len[rows]
             if bool(early.any()):  # no end of sequence before the row's minimum length
                 scores = scores.masked_fill(early.unsqueeze(1) & eos_column, float("-inf"))
             token = sample_rows(sampler(None, scores).softmax(dim=-1))
             out[rows.cpu(), t] = token.cpu()
-            done = torch.isin(token, eos) | torch.tensor([t + 1 >= max_new[int(i)] for i in rows], device=device)
+            done = torch.isin(token, eos) | (t + 1 >= max_len[rows])
             if bool(done.all()):
                 break
             if bool(done.any()):  # finished rows leave the batch (and the cache)
@@ -329,13 +336,8 @@ def pad_pairs(prompts: list[torch.Tensor], completions: list[torch.Tensor], pad_
     tokens only, as `generate` does with left padding) and completion_mask [B, C] (1 on the
     completion's own tokens: nothing of the prompt, nothing after its EOS).
     """
-    P = max(len(p) for p in prompts)
+    prompt_ids, prompt_att, _ = left_pad(prompts, pad_id)
     comp_ids, cmask = pad_completions(completions, pad_id)
-    prompt_ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
-    prompt_att = torch.zeros((len(prompts), P), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        prompt_ids[b, P - len(p):] = p
-        prompt_att[b, P - len(p):] = 1
     ids = torch.cat([prompt_ids, comp_ids], dim=1)
     att = torch.cat([prompt_att, cmask.long()], dim=1)
     pos = (att.cumsum(dim=1) - 1).clamp(min=0)

@@ -22,7 +22,7 @@ import torch
 
 from marl_llm.config import UserError
 from marl_llm.models import AgentPolicies
-from marl_llm.rollout import Completion, GenRequest, cut_at_eos, encode_prompt
+from marl_llm.rollout import Completion, GenRequest, encode_prompt, to_completion
 
 INSTALL = ("trainer.rollout=vllm needs vLLM on a CUDA machine (pip install vllm); without it use "
            "trainer.rollout=hf (the default)")
@@ -108,6 +108,5 @@ class VLLMRollout:
             if sample.finish_reason == "stop" and (not ids or ids[-1] not in eos_ids):
                 # The completion ends with its end-of-sequence token, as HFRollout's do (it is scored).
                 ids.append(sample.stop_reason if isinstance(sample.stop_reason, int) else eos_ids[0])
-            ids, truncated = cut_at_eos(torch.tensor(ids, dtype=torch.long), eos_ids)
-            results.append(Completion(torch.tensor(prompt), ids, tok.decode(ids, skip_special_tokens=True), truncated))
+            results.append(to_completion(tok, prompt, torch.tensor(ids, dtype=torch.long), eos_ids))
         return results

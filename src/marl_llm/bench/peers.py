@@ -20,21 +20,25 @@ from typing import Any
 
 import torch
 
-from marl_llm.bench.workload import BenchSystem, StepStats, Workload, model_path
+from marl_llm.bench.workload import BenchSystem, StepStats, Workload, load_model, load_tokenizer
 
 DEFAULT_LORA = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"], "dropout": 0.0}
 
 
-def _load_model(w: Workload):
-    from transformers import AutoModelForCausalLM
+def time_generation(system: BenchSystem, trainer: Any, method: str, count_tokens: Any = None) -> None:
+    """Wrap `trainer.<method>` (the peer's generation entry point) so every call adds its wall
+    time to `system._rollout_seconds` and, if given, `count_tokens(result)` to `system._tokens`."""
+    generate = getattr(trainer, method)
 
-    return AutoModelForCausalLM.from_pretrained(model_path(w), dtype=getattr(torch, w.dtype))
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        out = generate(*args, **kwargs)
+        system._rollout_seconds += time.perf_counter() - start
+        if count_tokens is not None:
+            system._tokens += count_tokens(out)
+        return out
 
-
-def _load_tokenizer(w: Workload):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path(w))
+    setattr(trainer, method, timed)
 
 
 class ComlrlMAGRPO(BenchSystem):
@@ -49,9 +53,9 @@ class ComlrlMAGRPO(BenchSystem):
         from datasets import Dataset
 
         w = workload
-        tokenizer = _load_tokenizer(w)
+        tokenizer = load_tokenizer(w)
         # comlrl keeps one full model per agent; load them ourselves so w.dtype applies.
-        agents = [_load_model(w) for _ in range(w.agents)]
+        agents = [load_model(w) for _ in range(w.agents)]
         args = MAGRPOConfig(
             num_turns=1, rollout_buffer_size=1, eval_interval=0, num_agents=w.agents,
             num_generations=w.num_generations, max_new_tokens=w.new_tokens,
@@ -71,7 +75,10 @@ class ComlrlMAGRPO(BenchSystem):
         for agent in self.trainer.agents:  # as its train() does before the epoch loop
             agent.train()
         self._tokens, self._rollout_seconds = 0, 0.0
-        self._wrap_generation()
+        # comlrl routes every rollout through `_generate_completions`, whose result carries each
+        # completion's length (`response_lens`).
+        time_generation(self, self.trainer, "_generate_completions",
+                        lambda out: sum(int(n) for n in out["response_lens"]))
         self._step_index = 0
 
     def _formatter(self, agent_index: int):
@@ -87,20 +94,6 @@ class ComlrlMAGRPO(BenchSystem):
         joint_actions = [list(action) for action in zip(*agent_completions)]
         rewards = self.task.joint_rewards([problem] * len(joint_actions), joint_actions)
         return [r.total for r in rewards]
-
-    def _wrap_generation(self) -> None:
-        """Time and count each agent's generation: comlrl routes every rollout through
-        `_generate_completions`, whose result carries each completion's length (`response_lens`)."""
-        generate_completions = self.trainer._generate_completions
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            out = generate_completions(*args, **kwargs)
-            self._rollout_seconds += time.perf_counter() - start
-            self._tokens += sum(int(n) for n in out["response_lens"])
-            return out
-
-        self.trainer._generate_completions = timed
 
     def step(self) -> StepStats:
         w = self.workload
@@ -167,10 +160,10 @@ class TrlGRPO(BenchSystem):
         self._go: queue.Queue[str] = queue.Queue()
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.trainer = GRPOTrainer(
-            model=_load_model(w), reward_funcs=self._joint_reward, args=args, train_dataset=dataset,
-            processing_class=_load_tokenizer(w), peft_config=peft_config, callbacks=[self._gate_callback()],
+            model=load_model(w), reward_funcs=self._joint_reward, args=args, train_dataset=dataset,
+            processing_class=load_tokenizer(w), peft_config=peft_config, callbacks=[self._gate_callback()],
         )
-        self._wrap_generation()
+        time_generation(self, self.trainer, "_generate_single_turn")  # tokens: counted in the reward hook
         self._tokens, self._rollout_seconds, self._problems_seen = 0, 0.0, []
         self._step_index = 0
         self._thread = threading.Thread(target=self._train, name="trl-grpo-train", daemon=True)
@@ -185,17 +178,6 @@ class TrlGRPO(BenchSystem):
         problems = [self.problems[k] for k in problem_index]
         joint_actions = [[c[0]["content"]] for c in completions]
         return [r.total for r in self.task.joint_rewards(problems, joint_actions)]
-
-    def _wrap_generation(self) -> None:
-        generate = self.trainer._generate_single_turn
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            out = generate(*args, **kwargs)
-            self._rollout_seconds += time.perf_counter() - start
-            return out
-
-        self.trainer._generate_single_turn = timed
 
     def _gate_callback(self):
         from transformers import TrainerCallback

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from marl_llm.bench.workload import BenchSystem, StepStats, Workload, compose, model_overrides, model_path
+from marl_llm.bench.workload import (BenchSystem, StepStats, Workload, compose, load_model, load_tokenizer,
+                                     model_overrides)
 
 
 class MarlLLM(BenchSystem):
@@ -71,11 +72,8 @@ class BareGenerate(BenchSystem):
 
     def __init__(self, workload: Workload):
         super().__init__(workload)
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        w = workload
-        self.tok = AutoTokenizer.from_pretrained(model_path(w))
-        self.model = AutoModelForCausalLM.from_pretrained(model_path(w), dtype=getattr(torch, w.dtype)).eval()
+        self.tok = load_tokenizer(workload)
+        self.model = load_model(workload).eval()
         self.model.requires_grad_(False)
         self.k = 0
 

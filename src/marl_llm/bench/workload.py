@@ -88,15 +88,11 @@ class BenchSystem:
 
 
 def compose(overrides: list[str]):
-    """marl-llm's real config (conf/) for these overrides, as the CLI composes it."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    """marl-llm's real config (conf/) for these overrides, as the CLI composes it, validated."""
+    from marl_llm.cli import compose_config
+    from marl_llm.config import validate
 
-    from marl_llm.cli import config_dir
-    from marl_llm.config import register_configs, validate
-
-    register_configs()
-    with initialize_config_dir(config_dir(), version_base="1.3"):
-        cfg = hydra_compose("config", overrides=overrides)
+    cfg = compose_config(overrides)
     validate(cfg)
     return cfg
 
@@ -114,6 +110,20 @@ def model_path(w: Workload) -> str:
 
         return str(embedded_checkpoint())
     return w.model
+
+
+def load_model(w: Workload):
+    """A plain `transformers` model of the workload (no adapters), in its dtype."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path(w), dtype=getattr(torch, w.dtype))
+
+
+def load_tokenizer(w: Workload):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path(w))
 
 
 def workload_task(w: Workload):
