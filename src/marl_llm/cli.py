@@ -10,16 +10,18 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import re
 import sys
 import typing
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from marl_llm.config import (ALGO_SCHEMAS, TASK_SCHEMAS, LoggerConfig, ModelConfig, TrainerConfig, UserError,
-                             register_configs, validate)
+from marl_llm.config import (ALGO_SCHEMAS, TASK_SCHEMAS, ClusterConfig, LoggerConfig, ModelConfig, TrainerConfig,
+                             UserError, register_configs, validate)
 
 
 def config_dir() -> str:
@@ -68,10 +70,11 @@ def _chosen_schemas(args: list[str]) -> tuple[dict[str, Any], bool]:
         group, _, option = a.partition("=")
         if group in chosen:
             chosen[group] = option
-    schemas: dict[str, Any] = {"model": ModelConfig, "logger": LoggerConfig, "trainer": TrainerConfig}
+    schemas: dict[str, Any] = {"model": ModelConfig, "logger": LoggerConfig, "trainer": TrainerConfig,
+                               "cluster": ClusterConfig}
     schemas["algo"] = ALGO_SCHEMAS.get(chosen["algo"])
     schemas["task"] = TASK_SCHEMAS.get(chosen["task"])
-    return schemas, any(a.startswith("experiment=") for a in args)
+    return schemas, any(a.startswith(("experiment=", "sweep=")) for a in args)
 
 
 def _walk(key: str, schemas: dict[str, Any], preset: bool) -> tuple[str, Any, str | None]:
@@ -126,12 +129,52 @@ def map_overrides(args: list[str]) -> list[str]:
     return out
 
 
+def rank_overrides(args: list[str]) -> list[str]:
+    """Under a multi-process launcher (torchrun, accelerate launch) every rank runs this script:
+    all ranks must share rank 0's run dir, and only rank 0 writes Hydra's files and log. The
+    ranks join their process group here, before Hydra names the dir from the clock, and take
+    rank 0's clock reading. A sweep (-m) is never run inside such a launcher: its jobs would be
+    ranks of one another."""
+    if any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") or a.startswith(("--cfg", "--info"))
+           for a in args):
+        return []
+    from marl_llm import distributed
+
+    if distributed.launched_world_size() <= 1:
+        return []
+    if any(a in ("-m", "--multirun") for a in args):
+        raise UserError("a sweep (-m) runs its jobs through hydra/launcher, never inside torchrun/accelerate launch: "
+                        "drop the launcher, or set hydra/launcher=slurm hydra.launcher.gpus_per_node=<n> for "
+                        "data-parallel jobs")
+    timeout = next((float(a.split("=", 1)[1]) for a in args if a.startswith("trainer.distributed_timeout_min=")),
+                   120.0)
+    import torch
+
+    cpu = "model.device=cpu" in args or not torch.cuda.is_available()
+    w = distributed.init(timeout, cpu=cpu)
+    started = distributed.broadcast_object(datetime.now().timestamp())
+    out = []
+    if not any(a.startswith("hydra.run.dir=") for a in args):
+        hydra_conf = OmegaConf.to_container(OmegaConf.load(Path(config_dir()) / "hydra" / "default.yaml"))
+        pattern = hydra_conf["run"]["dir"]  # unresolved: outputs/${now:...}
+        when = datetime.fromtimestamp(started)
+        out.append("hydra.run.dir=" + re.sub(r"\$\{now:([^}]*)\}", lambda m: when.strftime(m.group(1)), pattern))
+    if not w.is_main:
+        out += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+    return out
+
+
 def main() -> None:
     err = unknown_key_error(sys.argv[1:])
     if err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     sys.argv[1:] = map_overrides(sys.argv[1:])
+    try:
+        sys.argv[1:] += rank_overrides(sys.argv[1:])
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     _hydra_main()
 
 

@@ -390,6 +390,24 @@ class TrainerConfig:
     vllm_gpu_memory_utilization: float = 0.4
     # Write a short markdown summary (before/after reward and pass@1, speed, memory) here.
     summary_file: Optional[str] = None
+    # Data-parallel runs (torchrun, accelerate launch, SLURM tasks): how long ranks wait for each
+    # other (rank 0's evaluations and checkpoints) before the run fails.
+    distributed_timeout_min: float = 120.0
+
+
+# -------------------------------------------------------------------------------------- cluster
+@dataclass
+class ClusterConfig:
+    """Machine settings that the SLURM launcher presets (conf/hydra/launcher/slurm*.yaml) read.
+    Set them once in the untracked conf/local/default.yaml (see conf/local/default.example.yaml);
+    null: the cluster's own default. Unused by every other launcher, so that file composes with all."""
+
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    # Shell commands the sbatch script runs before srun, e.g. ["module load cuda/12.4"].
+    setup: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -399,6 +417,7 @@ class RootConfig:
     model: ModelConfig = MISSING
     logger: LoggerConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     seed: int = 0
     # Run directory (checkpoints, metrics.jsonl, samples); defaults to Hydra's output dir.
     run_dir: str = MISSING
@@ -552,6 +571,7 @@ def validate(cfg: DictConfig) -> None:
         _check(sb.workers >= 1, "task.sandbox.workers", "must be >= 1")
     _check(t.max_steps >= 0, "trainer.max_steps", "must be >= 0")
     _check(t.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1")
+    _check(t.distributed_timeout_min > 0, "trainer.distributed_timeout_min", "must be > 0 (minutes)")
     _check(t.completions_per_micro_batch >= 1, "trainer.completions_per_micro_batch", "must be >= 1")
     _check(t.eval_every >= 0, "trainer.eval_every", "must be >= 0")
     _check(t.save_every >= 0, "trainer.save_every", "must be >= 0")

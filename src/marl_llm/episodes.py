@@ -19,7 +19,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
-from marl_llm.rollout import Completion, GenRequest, SamplingParams
+from marl_llm.rollout import Completion, GenRequest, SamplingParams, sample_key
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn
 
 
@@ -83,30 +83,33 @@ def collect_tree(
     next_prompts = next_prompts or task.next_prompts
     n_agents = task.num_agents
     turns: list[list[JointNode]] = []
-    # Parents of the next turn: (problem index, parent index, per-agent messages, histories).
-    frontier = [(b, b, task.initial_prompts(p), [[] for _ in range(n_agents)]) for b, p in enumerate(problems)]
+    # Parents of the next turn: (problem index, parent index, per-agent messages, histories,
+    # sampling key of the path to it).
+    frontier = [(b, b, task.initial_prompts(p), [[] for _ in range(n_agents)], p.sample_key)
+                for b, p in enumerate(problems)]
     for t, width in enumerate(widths):
         if not frontier:
             break
         # messages[f][i][g] / samples[f][i][g]: agent i's g-th prompt and completion under parent f.
-        messages = [[[msgs[i]] * width for i in range(n_agents)] for (_, _, msgs, _) in frontier]
+        messages = [[[msgs[i]] * width for i in range(n_agents)] for (_, _, msgs, _, _) in frontier]
         samples: list[list[list[Completion]]] = [[[] for _ in range(n_agents)] for _ in frontier]
         agent_groups = [list(range(n_agents))] if order == "parallel" else [[i] for i in range(n_agents)]
         for group in agent_groups:
             if order == "sequential" and group[0] > 0:
                 i = group[0]
-                for f, (b, _, _, _) in enumerate(frontier):
+                for f, (b, _, _, _, _) in enumerate(frontier):
                     messages[f][i] = [task.sequential_prompt(problems[b], i, messages[f][i][g],
                                                              [(task.agent_names[j], samples[f][j][g].text) for j in range(i)])
                                       for g in range(width)]
-            requests = [GenRequest(i, messages[f][i][g], sampling[i]) for f in range(len(frontier))
-                        for i in group for g in range(width)]
+            requests = [GenRequest(i, messages[f][i][g], sampling[i], sample_key(frontier[f][4], t, i, g))
+                        for f in range(len(frontier)) for i in group for g in range(width)]
             completions = iter(generate(requests))
             for f in range(len(frontier)):
                 for i in group:
                     samples[f][i] = [next(completions) for _ in range(width)]
         nodes: list[JointNode] = []
-        for f, (b, parent, _, hist) in enumerate(frontier):
+        node_keys: dict[int, int | None] = {}
+        for f, (b, parent, _, hist, key) in enumerate(frontier):
             choices = (itertools.product(range(width), repeat=n_agents) if joint_mode == "cross"
                        else ((g,) * n_agents for g in range(width)))
             for choice in choices:
@@ -114,6 +117,7 @@ def collect_tree(
                 msgs = [messages[f][i][g] for i, g in enumerate(choice)]
                 histories = [hist[i] + [Turn(msgs[i], comps[i].text)] for i in range(n_agents)]
                 nodes.append(JointNode(b, t, parent, msgs, comps, tuple(choice), histories=histories))
+                node_keys[id(nodes[-1])] = sample_key(key, t, *choice)
         rewards = task.history_rewards([problems[n.problem] for n in nodes], [n.histories for n in nodes])
         for n, r in zip(nodes, rewards):
             n.reward = r
@@ -127,6 +131,6 @@ def collect_tree(
             keep_ids = {id(n) for group in siblings.values() for n in expand(group)}
             keep = [n for n in keep if id(n) in keep_ids]
         index = {id(n): j for j, n in enumerate(nodes)}
-        frontier = [(n.problem, index[id(n)], next_prompts(problems[n.problem], n.histories, n.reward), n.histories)
-                    for n in keep]
+        frontier = [(n.problem, index[id(n)], next_prompts(problems[n.problem], n.histories, n.reward), n.histories,
+                     node_keys[id(n)]) for n in keep]
     return JointTree(problems, turns)

@@ -125,3 +125,18 @@ class RunLogger:
     def finish(self, exit_code: int = 0) -> None:
         self._wandb_call(lambda: self.wandb.finish(exit_code=exit_code))
         self.wandb = None
+
+
+class NullLogger:
+    """What data-parallel ranks other than 0 log with: nothing (rank 0 writes the run dir)."""
+
+    wandb_id = None
+
+    def log(self, split: str, metrics: dict[str, float], step: int) -> None:
+        pass
+
+    def log_samples(self, split: str, rows: list[dict[str, Any]], step: int) -> None:
+        pass
+
+    def finish(self, exit_code: int = 0) -> None:
+        pass

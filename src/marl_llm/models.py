@@ -245,6 +245,11 @@ class AgentPolicies:
                 keys.append((a.model_index, a.adapter))
         return keys
 
+    def trainable_parameters(self) -> list[torch.Tensor]:
+        """Every adapter parameter an optimizer steps (in a fixed order: data-parallel ranks
+        broadcast and all-reduce them alike)."""
+        return [p for opt in self.optimizers.values() for group in opt.param_groups for p in group["params"]]
+
     def agents_of(self, key: tuple[int, str]) -> list[int]:
         return [i for i, a in enumerate(self.agents) if (a.model_index, a.adapter) == key]
 

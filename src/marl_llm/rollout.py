@@ -14,6 +14,7 @@ keeps the prompt/completion boundary right when pad == eos (SmolLM2 and many cha
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -45,6 +46,19 @@ class GenRequest:
     agent: int
     message: str  # the agent's user message for this turn
     sampling: SamplingParams
+    # Seeds this request's random draws (None: the global RNG). A request draws the same tokens
+    # whatever else shares its batch, so splitting a step's problems over data-parallel ranks
+    # samples exactly what one process would (see sample_key).
+    key: int | None = None
+
+
+def sample_key(*parts: int | str | None) -> int | None:
+    """A 63-bit key from a path of parts (run seed, problem draw, turn, agent, sibling), or None
+    when the path starts from no key (evaluation: the global RNG)."""
+    if parts and parts[0] is None:
+        return None
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 @dataclass
@@ -170,7 +184,8 @@ class HFRollout:
         prompts = [encode_prompt(tok, r.message) for r in requests]
         adapters = [self.policies.agents[r.agent].adapter for r in requests]
         eos_ids = self.policies.eos_ids[k]
-        generated = decode(model, prompts, adapters, [r.sampling for r in requests], eos_ids, tok.pad_token_id)
+        generated = decode(model, prompts, adapters, [r.sampling for r in requests], eos_ids, tok.pad_token_id,
+                           row_keys=[r.key for r in requests])
         return [to_completion(tok, p, ids, eos_ids) for p, ids in zip(prompts, generated)]
 
 
@@ -237,23 +252,38 @@ def preallocate(cache: Any, new_tokens: int) -> None:
             cache.layers[i] = PreallocatedLayer(layer, layer.keys.shape[-2] + new_tokens)
 
 
-def sample_rows(probs: torch.Tensor) -> torch.Tensor:
-    """One token per row of probs [B, V], by inverting each row's CDF at a uniform draw: 50x
-    faster than torch.multinomial over a 49k vocabulary on CPU (0.16 vs 7.8 ms for 8 rows),
-    where multinomial was 5% of a training step. `right=True` never lands on a zero-probability
-    token; a draw rounded past the total falls back to the row's most likely token."""
+def uniform_draws(keys: list[int | None], length: int, device: torch.device) -> torch.Tensor:
+    """Each row's uniform draws for a whole rollout [B, length]: from its own generator when the
+    row has a key (so a row's tokens do not depend on its batch), else from the global RNG."""
+    u = torch.rand((len(keys), length))
+    for b, key in enumerate(keys):
+        if key is not None:
+            u[b] = torch.rand(length, generator=torch.Generator().manual_seed(key))
+    return u.to(device)
+
+
+def sample_rows(probs: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
+    """One token per row of probs [B, V], by inverting each row's CDF at a uniform draw u [B]
+    (default: fresh ones): 50x faster than torch.multinomial over a 49k vocabulary on CPU (0.16
+    vs 7.8 ms for 8 rows), where multinomial was 5% of a training step. `right=True` never
+    lands on a zero-probability token; a draw rounded past the total falls back to the row's
+    most likely token."""
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    if u is None:
+        u = torch.rand(probs.shape[0], device=probs.device)
+    u = u.to(cdf.dtype).unsqueeze(1) * cdf[:, -1:]
     token = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=probs.shape[1] - 1)
     bad = probs.gather(1, token.unsqueeze(1)).squeeze(1) <= 0
     return torch.where(bad, probs.argmax(dim=-1), token)
 
 
 def decode(model, prompts: list[list[int]], adapters: list[str], params: list[SamplingParams], eos_ids: list[int],
-           pad_id: int, mixed_lora: bool = True, preallocate_cache: bool = True) -> list[torch.Tensor]:
+           pad_id: int, mixed_lora: bool = True, preallocate_cache: bool = True,
+           row_keys: list[int | None] | None = None) -> list[torch.Tensor]:
     """Sample a completion for each (prompt, adapter, sampling) row; returns each row's generated
-    ids [<= max_new_tokens] on CPU, through its first end-of-sequence id. `mixed_lora` and
-    `preallocate_cache` switch those levers off for the benchmark's lever table.
+    ids [<= max_new_tokens] on CPU, through its first end-of-sequence id. `row_keys` seed rows'
+    draws (GenRequest.key). `mixed_lora` and `preallocate_cache` switch those levers off for
+    the benchmark's lever table.
 
     Shapes: the prefill runs on the U distinct (adapter, prompt) pairs [U, P]; its KV cache is
     then gathered to the B rows; each decode step feeds [b, 1] for the b rows still running.
@@ -273,6 +303,7 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
     min_len = torch.tensor([p.min_new_tokens for p in params], device=device)
     max_len = torch.tensor(max_new, device=device)
     out = torch.full((len(prompts), max(max_new)), pad_id, dtype=torch.long)
+    draws = uniform_draws(row_keys or [None] * len(prompts), max(max_new), device)  # [B, max_new]
     with lora:
         def forward(row_adapters: list[str], **inputs: Any):
             if mixed:
@@ -299,7 +330,7 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
             early = t < min_len[rows]
             if bool(early.any()):  # no end of sequence before the row's minimum length
                 scores = scores.masked_fill(early.unsqueeze(1) & eos_column, float("-inf"))
-            token = sample_rows(sampler(None, scores).softmax(dim=-1))
+            token = sample_rows(sampler(None, scores).softmax(dim=-1), draws[rows, t])
             out[rows.cpu(), t] = token.cpu()
             done = torch.isin(token, eos) | (t + 1 >= max_len[rows])
             if bool(done.all()):

@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import random
 import resource
 import shlex
@@ -25,15 +27,16 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from marl_llm import distributed
 from marl_llm.algos import algorithm_class, build_algorithm
 from marl_llm.atomic import atomic_write_text
 from marl_llm.checkpoint import load_checkpoint, save_checkpoint
 from marl_llm.config import UserError, validate
 from marl_llm.episodes import JointTree
 from marl_llm.evaluation import evaluate
-from marl_llm.loggers import RunLogger
+from marl_llm.loggers import NullLogger, RunLogger
 from marl_llm.models import AgentPolicies
-from marl_llm.rollout import HFRollout, Rollout
+from marl_llm.rollout import HFRollout, Rollout, sample_key
 from marl_llm.tasks import Problem, build_task
 from marl_llm.tasks.turn_based import TurnTask
 
@@ -56,12 +59,14 @@ def seed_everything(seed: int) -> None:
 
 def batch_for_step(problems: list[Problem], step: int, size: int, seed: int) -> list[Problem]:
     """The step's problems: epoch-wise shuffles derived from (seed, epoch), so the data order is
-    a pure function of the step and a resumed run sees exactly the batches it would have seen."""
+    a pure function of the step and a resumed run sees exactly the batches it would have seen.
+    Each draw k carries its own sampling key (seed, k): what its rollouts sample does not depend
+    on which rank or batch it lands in."""
     out = []
     for k in range(step * size, (step + 1) * size):
         epoch, pos = divmod(k, len(problems))
         order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-        out.append(problems[int(order[pos])])
+        out.append(dataclasses.replace(problems[int(order[pos])], sample_key=sample_key(seed, k)))
     return out
 
 
@@ -131,12 +136,13 @@ def build(cfg: DictConfig, task: Any = None) -> Setup:
 def train_step(run: Setup, cfg: DictConfig, step: int,
                problems: list[Problem] | None = None) -> tuple[JointTree, dict[str, float]]:
     """One training step: collect a rollout tree, advantages, one update per adapter. Returns the
-    tree and the step's metrics (TRL names, timings, throughput, peak memory). `problems`
-    overrides the step's batch (the benchmark feeds every system the same prompts)."""
+    tree (this rank's share) and the step's metrics over all ranks (TRL names, timings,
+    throughput, peak memory). `problems` overrides the step's batch (the benchmark feeds every
+    system the same prompts)."""
     policies, algo = run.policies, run.algo
     t0 = time.perf_counter()
     if problems is None:
-        problems = batch_for_step(run.train_set, step, cfg.trainer.prompts_per_step, cfg.seed)
+        problems = distributed.shard(batch_for_step(run.train_set, step, cfg.trainer.prompts_per_step, cfg.seed))
     tree = algo.collect(problems)
     t_rollout = time.perf_counter()
     batches = algo.advantages(tree)
@@ -154,51 +160,86 @@ def train_step(run: Setup, cfg: DictConfig, step: int,
     metrics["perf/throughput"] = metrics.get("num_tokens", 0.0) / max(t_end - t0, 1e-9)
     metrics["perf/rollout_tokens_per_s"] = metrics.get("num_tokens", 0.0) / max(t_rollout - t0, 1e-9)
     metrics["perf/peak_rss_gib"] = peak_rss_gib()
-    return tree, metrics
+    return tree, distributed.reduce_metrics(metrics)
+
+
+def join_world(cfg: DictConfig) -> distributed.World:
+    """Join the launcher's data-parallel group (torchrun, accelerate launch, SLURM tasks), if any."""
+    cpu = cfg.model.device == "cpu" or not torch.cuda.is_available()
+    w = distributed.init(cfg.trainer.distributed_timeout_min, cpu=cpu)
+    if w.size > 1 and cfg.trainer.prompts_per_step % w.size:
+        raise UserError(f"trainer.prompts_per_step={cfg.trainer.prompts_per_step} does not split over {w.size} "
+                        f"processes: use a multiple of {w.size} (each rank rolls out its own share of the problems)")
+    return w
+
+
+def resuming(cfg: DictConfig) -> bool:
+    """trainer.resume, or a SLURM job that was requeued (timeout, pre-emption): it goes on from
+    its run dir's checkpoint instead of starting over."""
+    return bool(cfg.trainer.resume) or int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
 
 
 def train(cfg: DictConfig) -> float:
     validate(cfg)
     quiet_libraries()
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    # The resolved config next to the metrics: marl-llm-report reads both (no W&B needed).
-    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    w = join_world(cfg)
+    # Every rank writes to (and resumes from) rank 0's run dir; only rank 0 writes anything.
+    run_dir = Path(distributed.broadcast_object(str(cfg.run_dir)))
+    if w.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # The resolved config next to the metrics: marl-llm-report reads both (no W&B needed).
+        atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     seed_everything(cfg.seed)
     tc = cfg.trainer
+
+    def say(msg: str) -> None:
+        if w.is_main:
+            print(f"[marl-llm] {msg}", flush=True)
 
     run = build(cfg)
     task, policies, algo = run.task, run.policies, run.algo
     train_set, eval_set, max_steps = run.train_set, run.eval_set, run.max_steps
     algo_cls = type(algo)
     start_step, wandb_id = 0, None
-    if tc.resume:
+    if resuming(cfg):
         ckpt = load_checkpoint(run_dir, policies, algo)
         if ckpt is not None:
             start_step, wandb_id = ckpt["step"], ckpt["wandb_id"]
-            print(f"[marl-llm] resumed from {ckpt['path']} at step {start_step}", flush=True)
-    logger = RunLogger(cfg, run_dir, wandb_id)
+            say(f"resumed from {ckpt['path']} at step {start_step}")
+    distributed.broadcast_parameters(policies.trainable_parameters())
+    logger = RunLogger(cfg, run_dir, wandb_id) if w.is_main else NullLogger()
     summary: dict[str, Any] = {"before": None, "after": None, "eval_problems": len(eval_set),
                                "train_problems": len(train_set)}
     t_start = time.perf_counter()
-    print(f"[marl-llm] {cfg.algo.name} on {cfg.task.name}: agents {', '.join(task.agent_names)} on "
-          f"{cfg.model.name} [{', '.join(m.get_base_model().name_or_path for m in policies.models)}] "
-          f"({policies.device}, {policies.dtype}); run dir {run_dir}", flush=True)
+    say(f"{cfg.algo.name} on {cfg.task.name}: agents {', '.join(task.agent_names)} on "
+        f"{cfg.model.name} [{', '.join(m.get_base_model().name_or_path for m in policies.models)}] "
+        f"({policies.device}, {policies.dtype}); run dir {run_dir}"
+        + (f"; {w.size} data-parallel processes" if w.size > 1 else ""))
 
     if not algo_cls.trainable and tc.max_steps > 0:
-        print(f"[marl-llm] algo={cfg.algo.name} is a prompt-only baseline: evaluation only, no training steps",
-              flush=True)
+        say(f"algo={cfg.algo.name} is a prompt-only baseline: evaluation only, no training steps")
 
-    def run_eval(step: int) -> dict[str, float]:
-        metrics, rows = evaluate(algo, eval_set, tc)
-        logger.log("eval", metrics, step)
-        logger.log_samples("eval", rows[: cfg.logger.sample_rows], step)
-        print(f"[marl-llm] eval @ step {step}: " + _fmt(metrics, ("reward", "pass@1", "success_rate")), flush=True)
+    def run_eval(step: int) -> dict[str, float] | None:
+        """Rank 0 evaluates (the other ranks wait for it)."""
+        metrics = None
+        if w.is_main:
+            metrics, rows = evaluate(algo, eval_set, tc)
+            logger.log("eval", metrics, step)
+            logger.log_samples("eval", rows[: cfg.logger.sample_rows], step)
+            say(f"eval @ step {step}: " + _fmt(metrics, ("reward", "pass@1", "success_rate")))
+        distributed.barrier()
         return metrics
+
+    def checkpoint(step: int) -> None:
+        """Rank 0 saves (the ranks' states are equal); the others wait, so none runs ahead."""
+        if w.is_main:
+            save_checkpoint(run_dir, cfg, policies, step, logger.wandb_id, algo.state_dict())
+        distributed.barrier()
 
     exit_code = 1
     try:
-        if tc.eval_before and start_step == 0:
+        evaluated_before = tc.eval_before and start_step == 0
+        if evaluated_before:
             summary["before"] = run_eval(0)
         step_times: list[float] = []
         last_train: dict[str, float] = {}
@@ -208,20 +249,22 @@ def train(cfg: DictConfig) -> float:
             logger.log_samples("train", sample_rows(tree, policies.agent_names, cfg.logger.sample_rows), step + 1)
             step_times.append(metrics["step_time"])
             last_train = metrics
-            print(f"[marl-llm] step {step + 1}/{max_steps}: "
-                  + _fmt(metrics, ("reward", "reward_std", "loss", "entropy", "completions/mean_length", "step_time")),
-                  flush=True)
+            say(f"step {step + 1}/{max_steps}: "
+                + _fmt(metrics, ("reward", "reward_std", "loss", "entropy", "completions/mean_length", "step_time")))
 
             if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < max_steps:
                 run_eval(step + 1)
             if tc.save_every and (step + 1) % tc.save_every == 0:
-                save_checkpoint(run_dir, cfg, policies, step + 1, logger.wandb_id, algo.state_dict())
+                checkpoint(step + 1)
 
         final_step = max(max_steps, start_step)
         if final_step > 0:  # nothing trained, nothing to save
-            save_checkpoint(run_dir, cfg, policies, final_step, logger.wandb_id, algo.state_dict())
-        if tc.eval_after and (final_step > 0 or summary["before"] is None):
+            checkpoint(final_step)
+        if tc.eval_after and (final_step > 0 or not evaluated_before):
             summary["after"] = run_eval(final_step)
+        if not w.is_main:
+            exit_code = 0
+            return 0.0
         summary.update(train_reward_first=_first_train_reward(run_dir), train_reward_last=last_train.get("reward"),
                        sec_per_step=(sum(step_times) / len(step_times)) if step_times else None,
                        peak_rss_gib=peak_rss_gib(), steps=final_step, wall_s=time.perf_counter() - t_start)
@@ -235,12 +278,17 @@ def train(cfg: DictConfig) -> float:
                 f"{k} {before[k]:.3f} -> {after[k]:.3f}" for k in keys if k in before and k in after)
         elif after:
             shown = "held-out after training: " + "  ".join(f"{k} {after[k]:.3f}" for k in keys if k in after)
-        else:
+        elif before:
             shown = "held-out, no training: " + "  ".join(f"{k} {before[k]:.3f}" for k in keys if k in before)
-        print(f"[marl-llm] {shown}  (summary: {tc.summary_file or run_dir / 'summary.json'})", flush=True)
+        else:
+            shown = "no held-out evaluation (trainer.eval_before and trainer.eval_after are off)"
+        say(f"{shown}  (summary: {tc.summary_file or run_dir / 'summary.json'})")
         exit_code = 0
     finally:
         logger.finish(exit_code)
+        if exit_code == 0:
+            distributed.barrier()  # rank 0 has written everything before any rank exits
+        distributed.shutdown()
     final = summary["after"] or summary["before"] or {}
     return float(final.get("pass@1", final.get("reward", 0.0)))
 

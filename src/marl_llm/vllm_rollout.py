@@ -97,7 +97,7 @@ class VLLMRollout:
         params = [self.vllm.SamplingParams(
             temperature=r.sampling.temperature, top_p=r.sampling.top_p, top_k=r.sampling.top_k if r.sampling.top_k > 0 else -1,
             max_tokens=r.sampling.max_new_tokens, min_tokens=r.sampling.min_new_tokens, stop_token_ids=eos_ids,
-            skip_special_tokens=True) for r in requests]
+            skip_special_tokens=True, seed=r.key) for r in requests]
         loras = [self.lora_requests[self.policies.agents[r.agent].adapter] for r in requests]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params=params,
                                     lora_request=loras, use_tqdm=False)

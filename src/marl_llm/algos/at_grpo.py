@@ -30,6 +30,7 @@ import torch
 
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.update import UpdateSettings, policy_update
+from marl_llm.distributed import all_sum
 from marl_llm.episodes import JointNode, JointTree, collect_tree
 from marl_llm.evaluation import level_metrics
 from marl_llm.tasks.base import Problem
@@ -155,8 +156,9 @@ class ATGRPO(Algorithm):
         stats: dict[str, float] = {}
         for key in self.policies.trainable_adapters():
             agents = [i for i in self.policies.agents_of(key) if batches[i].completions]
-            if not agents:
-                continue  # every group of this policy was filtered out: nothing to learn from
+            if not all_sum(len(agents)):
+                continue  # every group of this policy was filtered out (on every rank): nothing to learn from
+            agents = agents or self.policies.agents_of(key)[:1]  # this rank has none: it still joins the sync
             comps = [c for i in agents for c in batches[i].completions]
             advs = torch.cat([batches[i].advantages for i in agents])
             settings = UpdateSettings(epochs=a.ppo_epochs, mini_batch_size=a.mini_batch_size, clip_eps=a.clip_eps,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from marl_llm.distributed import sync_gradients
 from marl_llm.rollout import pad_pairs
 
 
@@ -131,6 +132,7 @@ class Critic:
                 values[idx] = v.detach().float().cpu()
         finally:
             self.model.eval()
+        sync_gradients(self.params, n)  # data-parallel ranks: the gradient over every rank's samples
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
         self.optimizer.step()
         y = targets.float()

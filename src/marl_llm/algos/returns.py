@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from marl_llm.distributed import gather_objects
+
 
 def _next_values(values: Tensor, done: bool, last_value: float) -> Tensor:
     nxt = torch.empty_like(values)
@@ -49,15 +51,25 @@ def gae(rewards: Tensor, values: Tensor, gamma: float, lam: float, done: bool = 
 
 def normalize_per_group(advantages: Tensor, groups: list[tuple[int, int]], eps: float = 1e-8) -> Tensor:
     """(A - mean) / std within each group (e.g. (agent, turn) over the batch); a group of one
-    sample is left as is (no statistics from a single sample)."""
+    sample is left as is (no statistics from a single sample). Data-parallel ranks pool each
+    group's statistics over all ranks, so the batch is the global one."""
     out = advantages.clone()
     by_group: dict[tuple[int, int], list[int]] = {}
     for j, g in enumerate(groups):
         by_group.setdefault(g, []).append(j)
-    for idx in by_group.values():
-        if len(idx) > 1:
-            a = advantages[idx]
-            out[idx] = (a - a.mean()) / (a.std(unbiased=False) + eps)
+    local = {g: (len(idx), float(advantages[idx].double().sum()), float((advantages[idx].double() ** 2).sum()))
+             for g, idx in by_group.items()}
+    pooled: dict[tuple[int, int], list[float]] = {}
+    for stats in gather_objects(local):  # [local] on one process
+        for g, (n, s1, s2) in stats.items():
+            acc = pooled.setdefault(g, [0, 0.0, 0.0])
+            acc[0], acc[1], acc[2] = acc[0] + n, acc[1] + s1, acc[2] + s2
+    for g, idx in by_group.items():
+        n, s1, s2 = pooled[g]
+        if n > 1:
+            mean = s1 / n
+            std = max(s2 / n - mean * mean, 0.0) ** 0.5
+            out[idx] = ((advantages[idx].double() - mean) / (std + eps)).to(advantages.dtype)
     return out
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from marl_llm.algos.losses import policy_loss
+from marl_llm.distributed import all_sum, sync_gradients, world
 from marl_llm.models import AgentPolicies
 from marl_llm.rollout import Completion, completion_logprobs
 
@@ -58,8 +59,15 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
     if s.mini_batch_size is not None and s.mini_batch_size < n:
         gen = torch.Generator().manual_seed(s.seed)
         order = torch.randperm(n, generator=gen).tolist()
-    size = n if s.mini_batch_size is None else min(s.mini_batch_size, n)
-    mini_batches = [sorted(order[i:i + size]) for i in range(0, n, size)]
+    if world().size > 1:
+        # Data-parallel ranks hold different sample counts but must step together: the number
+        # of mini-batches follows the global count, each rank splitting its share as evenly.
+        n_global = int(all_sum(n))
+        steps = 1 if s.mini_batch_size is None else max(1, -(-n_global // s.mini_batch_size))
+        mini_batches = [sorted(order[j * n // steps:(j + 1) * n // steps]) for j in range(steps)]
+    else:
+        size = n if s.mini_batch_size is None else min(s.mini_batch_size, n)
+        mini_batches = [sorted(order[i:i + size]) for i in range(0, n, size)]
     steps_per_epoch = len(mini_batches)
     # Several optimizer steps over the same samples: the ratio to the sampling-time policy matters.
     off_policy = s.epochs > 1 or steps_per_epoch > 1
@@ -115,10 +123,12 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
                     if epoch == s.epochs - 1:
                         for k, v in stats.items():
                             acc[k] = acc.get(k, 0.0) + v * weight / steps_per_epoch
+                # The rank's loss is normalized by its own batch: sync weights it by that batch's share.
+                sync_gradients(params, batch_tokens if s.aggregation == "token_mean" else len(batch))
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm))
                 opt.step()
                 n_steps += 1
-    lengths = [len(c.completion_ids) for c in comps]
+    lengths = [len(c.completion_ids) for c in comps] or [0]  # a data-parallel rank may hold none
     out = {k: v for k, v in acc.items() if k in ("loss", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean",
                                                  "clip_ratio/region_mean")}
     out.update({
@@ -130,8 +140,8 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
         "completions/mean_length": sum(lengths) / len(lengths),
         "completions/min_length": float(min(lengths)),
         "completions/max_length": float(max(lengths)),
-        "completions/clipped_ratio": sum(c.truncated for c in comps) / len(comps),
-        "advantage/mean": float(advs.mean()),
+        "completions/clipped_ratio": sum(c.truncated for c in comps) / max(len(comps), 1),
+        "advantage/mean": float(advs.mean()) if len(advs) else 0.0,
         "advantage/std": float(advs.std()) if len(advs) > 1 else 0.0,
     })
     return out

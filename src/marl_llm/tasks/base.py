@@ -21,6 +21,9 @@ class Problem:
 
     uid: str
     data: dict[str, Any]
+    # Seeds the sampling of this problem's rollouts (rollout.sample_key); the trainer sets it
+    # from (run seed, position in the training stream). None: the global RNG (evaluation).
+    sample_key: int | None = None
 
 
 @dataclass

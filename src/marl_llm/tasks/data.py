@@ -30,6 +30,7 @@ from typing import Any, Callable
 from urllib.parse import urlparse
 
 from marl_llm.config import UserError
+from marl_llm.distributed import world
 
 SOURCES = ("auto", "hub", "files", "packaged")
 FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet")
@@ -224,7 +225,8 @@ class TaskData:
                 self._source = "packaged"
                 why = (f"hub dataset {c.hub_id} not reachable: {reason}; set task.data.source=hub to make this an "
                        "error, or task.data.files=... to use local files")
-        self.log(f"[marl-llm] data for task {self.task}: {self._source} ({why})")
+        if world().is_main:  # every data-parallel rank resolves the source; one says so
+            self.log(f"[marl-llm] data for task {self.task}: {self._source} ({why})")
         return self._source
 
     def split(self, which: str) -> list[dict[str, Any]]:

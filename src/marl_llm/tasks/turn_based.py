@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from marl_llm.episodes import JointNode, JointTree
-from marl_llm.rollout import Completion, GenRequest, SamplingParams
+from marl_llm.rollout import Completion, GenRequest, SamplingParams, sample_key
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn
 
 
@@ -127,16 +127,19 @@ def collect_episode_tree(task: TurnTask, generate: Callable[[list[GenRequest]], 
     < i did in that fork). A node's reward is the sum of its agents' scores (team + local); its
     children continue from its own state. Widths of 1 with greedy sampling: plain evaluation."""
     turns: list[list[JointNode]] = []
-    frontier = [(b, b, task.new_episode(p)) for b, p in enumerate(problems)]
+    # (problem index, parent node index, episode, sampling key of the path to it)
+    frontier = [(b, b, task.new_episode(p), p.sample_key) for b, p in enumerate(problems)]
     for t, width in enumerate(widths):
         if not frontier:
             break
-        forks = [(b, parent, ep.fork() if width > 1 else ep) for b, parent, ep in frontier for _ in range(width)]
+        forks = [(b, parent, ep.fork() if width > 1 else ep) for b, parent, ep, _ in frontier for _ in range(width)]
+        fork_keys = [sample_key(key, t, g) for _, _, _, key in frontier for g in range(width)]
         prompts: list[list[str]] = [[] for _ in forks]
         chosen: list[list[Completion]] = [[] for _ in forks]
         scores = [0.0] * len(forks)
         for i in range(task.num_agents):
-            requests = [GenRequest(i, ep.observation(i), sampling[i]) for _, _, ep in forks]
+            requests = [GenRequest(i, ep.observation(i), sampling[i], sample_key(key, i))
+                        for (_, _, ep), key in zip(forks, fork_keys)]
             completions = generate(requests)
             outcomes = task.evaluate_many(i, [(ep, [c.text]) for (_, _, ep), c in zip(forks, completions)])
             for j, ((_, _, ep), req, comp, [outcome]) in enumerate(zip(forks, requests, completions, outcomes)):
@@ -152,7 +155,7 @@ def collect_episode_tree(task: TurnTask, generate: Callable[[list[GenRequest]], 
                 node.terminated, node.reward.passed = True, ep.success
             nodes.append(node)
         turns.append(nodes)
-        frontier = [(n.problem, j, forks[j][2]) for j, n in enumerate(nodes) if not n.terminated]
+        frontier = [(n.problem, j, forks[j][2], fork_keys[j]) for j, n in enumerate(nodes) if not n.terminated]
     return JointTree(problems, turns)
 
 
@@ -209,7 +212,8 @@ def run_episodes(task: TurnTask, generate: Callable[[list[GenRequest]], list[Com
             requests = []
             for b in active:
                 prompts[b].append(episodes[b].observation(i))
-                requests += [GenRequest(i, prompts[b][-1], sampling[i])] * k
+                requests += [GenRequest(i, prompts[b][-1], sampling[i], sample_key(problems[b].sample_key, t, i, c))
+                             for c in range(k)]
             completions = generate(requests)
             candidates = [completions[j * k:(j + 1) * k] for j in range(len(active))]
             scored = task.evaluate_many(i, [(episodes[b], [c.text for c in comps])

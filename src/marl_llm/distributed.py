@@ -1,0 +1,198 @@
+"""Data-parallel training over several processes: torchrun, `accelerate launch`, or the tasks of
+one SLURM job (hydra/launcher=slurm with gpus_per_node > 1 starts one task per GPU).
+
+    torchrun --nproc_per_node 4 -m marl_llm algo=magrpo task=humaneval
+    accelerate launch --num_processes 4 -m marl_llm algo=magrpo task=humaneval
+
+Every rank holds the same agents (the frozen base plus the LoRA adapters, and critics) and
+takes its own contiguous share of the step's problems. After each backward pass over a rank's
+share, `sync_gradients` all-reduces the trainable parameters' gradients only (LoRA and value
+heads; the frozen base has none), each rank's weighted by its share of the global batch, so every
+rank applies the same optimizer step a single process would over the whole batch. Rank 0 alone
+writes the run dir (metrics, samples, checkpoints, W&B, summaries) and evaluates; the other
+ranks wait for it.
+
+Why not torch DDP's wrapper: a rank's number of forward/backward passes per step is data
+dependent (episodes end early, turns fork unevenly), and DDP all-reduces inside every backward,
+which would stall ranks that did fewer passes. One all-reduce per optimizer step, after the
+rank's passes are done, needs no such agreement. Accelerate's PartialState sets up the process
+group (nccl on GPUs, gloo on CPU) and the device from the launcher's environment.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Iterable, Sequence, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+_WORLD = World()
+
+
+def world() -> World:
+    return _WORLD
+
+
+def export_submitit_env() -> None:
+    """Inside a SLURM/submitit job with several tasks (one per GPU), export the torch.distributed
+    variables (RANK, WORLD_SIZE, MASTER_ADDR, ...) that torchrun would have set."""
+    if "RANK" in os.environ or "SUBMITIT_EXECUTOR" not in os.environ:
+        return
+    try:
+        import submitit
+    except ImportError:
+        return
+    if submitit.JobEnvironment().num_tasks > 1:
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+
+
+def launched_world_size() -> int:
+    """How many processes the launcher started (1 when none)."""
+    export_submitit_env()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init(timeout_min: float = 120.0, cpu: bool | None = None) -> World:
+    """Join the launcher's process group (idempotent); a single process stays World(0, 1, 0).
+    `timeout_min` bounds how long ranks wait for rank 0's evaluations and checkpoints."""
+    global _WORLD
+    if _WORLD.size > 1 or launched_world_size() <= 1:
+        return _WORLD
+    from accelerate import PartialState
+
+    if cpu is None:
+        cpu = not torch.cuda.is_available()
+    state = PartialState(cpu=cpu, timeout=timedelta(minutes=timeout_min))
+    if state.num_processes > 1 and not cpu:
+        torch.cuda.set_device(state.local_process_index)  # "cuda" means this rank's GPU from here on
+    _WORLD = World(state.process_index, state.num_processes, state.local_process_index)
+    return _WORLD
+
+
+def shard(items: Sequence[T], w: World | None = None) -> list[T]:
+    """This rank's contiguous share of a global batch (sizes differ by at most one)."""
+    w = w or _WORLD
+    n = len(items)
+    return list(items[w.rank * n // w.size:(w.rank + 1) * n // w.size])
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist
+
+
+def sync_gradients(params: Iterable[torch.Tensor], weight: float) -> float:
+    """Replace every parameter's gradient with the weighted mean over ranks: sum_r w_r g_r / sum_r w_r.
+
+    `weight` is this rank's share of the global batch in the unit its loss is normalized by
+    (samples, or tokens for token-mean losses), so the result is the gradient of the loss over
+    the whole batch. A parameter without a gradient counts as zero. One all-reduce of a float32
+    buffer [sum of numels + 1]. Returns the global weight (this rank's weight on one process)."""
+    params = list(params)
+    if _WORLD.size == 1:
+        return weight
+    device = params[0].device
+    flat = [(p.grad.detach().float() if p.grad is not None else torch.zeros(p.shape, device=device)).flatten()
+            for p in params]
+    buf = torch.cat(flat + [torch.ones(1, device=device)]) * weight
+    _dist().all_reduce(buf)
+    total = float(buf[-1])
+    if total > 0:
+        buf /= total
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = buf[offset:offset + n].view_as(p).to(p.dtype).clone()
+        offset += n
+    return total
+
+
+def all_sum(value: float) -> float:
+    """The sum of a number over ranks (the value itself on one process)."""
+    if _WORLD.size == 1:
+        return value
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    if _dist().get_backend() == "nccl":
+        t = t.cuda()
+    _dist().all_reduce(t)
+    return float(t)
+
+
+def broadcast_parameters(params: Iterable[torch.Tensor]) -> None:
+    """Copy rank 0's values of these parameters to every rank (they start identical anyway, being
+    seeded alike; this makes it hold whatever the launcher or filesystem did)."""
+    if _WORLD.size == 1:
+        return
+    with torch.no_grad():
+        for p in params:
+            _dist().broadcast(p.data, src=0)
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's value of a picklable object, on every rank."""
+    if _WORLD.size == 1:
+        return obj
+    box = [obj]
+    _dist().broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's object, in rank order, on every rank."""
+    if _WORLD.size == 1:
+        return [obj]
+    out: list[Any] = [None] * _WORLD.size
+    _dist().all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    if _WORLD.size > 1:
+        _dist().barrier()
+
+
+# How a step's per-rank metrics combine: sums for counts, extremes for extremes, else the mean
+# over the ranks that report the key (a rank whose episodes all ended early lacks later turns).
+def _combine(key: str, values: list[float]) -> float:
+    leaf = key.rsplit("/", 1)[-1]
+    if leaf in ("num_tokens", "joint_actions") or key.startswith("perf/throughput") or key.endswith("tokens_per_s"):
+        return float(sum(values))
+    if leaf.startswith("max_") or leaf == "peak_rss_gib" or key in ("step_time", "perf/time_per_step") \
+            or key.startswith("timing/"):
+        return float(max(values))
+    if leaf.startswith("min_"):
+        return float(min(values))
+    return float(sum(values) / len(values))
+
+
+def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """A step's metrics over all ranks (every rank gets the same dict)."""
+    if _WORLD.size == 1:
+        return metrics
+    per_rank = gather_objects(metrics)
+    keys = list(dict.fromkeys(k for m in per_rank for k in m))
+    return {k: _combine(k, [m[k] for m in per_rank if k in m]) for k in keys}
+
+
+def shutdown() -> None:
+    global _WORLD
+    if _WORLD.size > 1 and _dist().is_initialized():
+        _dist().destroy_process_group()
+    _WORLD = World()

@@ -1,0 +1,169 @@
+"""Data-parallel training on CPU (gloo, 2 processes): the adapters after N steps match a
+single-process run with the same global batch and seed; rank 0 alone writes the run dir; the
+gradient sync is the batch-weighted mean over ranks of the trainable parameters' gradients.
+
+Tolerance: each rank sums its half of the batch's gradient and the all-reduce adds the halves,
+so float32 rounding differs from one process's single sum in the last bits; Adam divides by
+sqrt(v), which magnifies those bits for near-zero gradient entries. Observed: at most 6e-6 after
+2 steps at lr 1e-3. Asserted: 1e-4, a tenth of one Adam step, while the updates themselves are
+of order 1e-3 (checked: the LoRA B matrices, zero at init, moved).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+
+import pytest
+import torch
+
+from conftest import VENV_BIN
+from test_trainer import adapters, metrics
+
+ATOL = 1e-4
+STEPS = 2
+
+
+def env():
+    # One thread per rank: two ranks on two cores.
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+def run_args(model_dir, *extra):
+    return ["model=local", f"model.path={model_dir}", "logger=none", "algo.sampling.max_new_tokens=8",
+            "algo.lora.r=4", "algo.lora.target_modules=[q_proj,v_proj]", "algo.learning_rate=1e-3",
+            f"trainer.max_steps={STEPS}", "trainer.eval_before=false", "trainer.eval_after=false",
+            "trainer.prompts_per_step=4", *extra]
+
+
+# MAGRPO with the raw baseline (advantage = shifted reward, never all zero even when the tiny
+# model's rewards are), and CoLLM-CC (normalized advantages pooled over ranks, a critic synced too).
+SETTINGS = {
+    "magrpo": ["algo=magrpo", "algo.num_turns=1", "algo.num_generations=2", "algo.baseline=raw"],
+    "collm_cc": ["algo=collm_cc", "task=tldr", "algo.num_turns=1"],
+}
+LAUNCHERS = {
+    "torchrun": ["torchrun", "--nproc_per_node", "2", "-m", "marl_llm"],
+    # --multi_gpu is accelerate's torchrun-style launcher; on a CPU machine its ranks use gloo.
+    "accelerate": ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                   "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "marl_llm"],
+}
+
+
+def launch(launcher, args, cwd):
+    cmd = [str(VENV_BIN / LAUNCHERS[launcher][0]), *LAUNCHERS[launcher][1:], *args]
+    return subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo,launcher", [("magrpo", "torchrun"), ("collm_cc", "accelerate")])
+def test_two_processes_match_one_process(tiny_model_dir, tmp_path, algo, launcher):
+    args = run_args(tiny_model_dir, *SETTINGS[algo])
+    one = tmp_path / "one"
+    single = subprocess.run([str(VENV_BIN / "marl-llm"), *args, f"run_dir={one}"], env=env(), capture_output=True,
+                            text=True, timeout=600)
+    assert single.returncode == 0, single.stderr[-3000:]
+    # No run_dir: the ranks must agree on Hydra's time-stamped output dir by themselves.
+    two = launch(launcher, args, tmp_path)
+    assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-3000:]
+    run_dirs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
+    assert len(run_dirs) == 1, run_dirs  # one run dir for both ranks
+    run = run_dirs[0]
+    assert "2 data-parallel processes" in two.stdout
+
+    # Same samples, same losses, same gradients: the per-step metrics agree.
+    m1, m2 = metrics(one), metrics(run)
+    assert [r["step"] for r in m2] == list(range(1, STEPS + 1))
+    for a, b in zip(m1, m2):
+        assert a["train/num_tokens"] == b["train/num_tokens"] and a["train/reward"] == pytest.approx(b["train/reward"])
+        grad_norms = [k for k in a if k.endswith("grad_norm")]
+        assert grad_norms and all(a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6) for k in grad_norms)
+        assert any(a[k] > 0 for k in grad_norms)
+    a1, a2 = adapters(one), adapters(run)
+    assert a1.keys() == a2.keys()
+    worst = max(float((a1[k][n] - a2[k][n]).abs().max()) for k in a1 for n in a1[k])
+    assert worst <= ATOL, f"adapters differ by {worst:.3g} > {ATOL}"
+    moved = max(float(a1[k][n].abs().max()) for k in a1 for n in a1[k] if "lora_B" in n)
+    assert moved > 10 * ATOL  # LoRA B starts at zero: the runs really trained
+    if algo == "collm_cc":
+        c1 = torch.load(one / "checkpoint.pt", weights_only=False)["algorithm"]["critics"]
+        c2 = torch.load(run / "checkpoint.pt", weights_only=False)["algorithm"]["critics"]
+        for name in c1:
+            for part in ("trunk", "head"):
+                assert all(torch.allclose(c1[name][part][k], c2[name][part][k], atol=ATOL) for k in c1[name][part])
+
+    # Rank 0 alone wrote: one config, one log line per step, one checkpoint, one summary.
+    assert sorted(p.name for p in run.iterdir()) == sorted(
+        [".hydra", "checkpoint.pt", "cli.log", "config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json"])
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert sum(f"step {s}/{STEPS}:" in line for line in two.stdout.splitlines() for s in range(1, STEPS + 1)) == STEPS
+
+
+SYNC_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    from marl_llm import distributed
+    from marl_llm.algos.returns import normalize_per_group
+
+    w = distributed.init(cpu=True)
+    r = w.rank
+    # Rank r: a batch of weight 1 + 2r with gradient (r + 1) * ones; a parameter without a gradient on rank 0.
+    a = torch.zeros(3, requires_grad=True)
+    b = torch.zeros(2, requires_grad=True)
+    a.grad = torch.full((3,), float(r + 1))
+    if r == 1:
+        b.grad = torch.full((2,), 4.0)
+    total = distributed.sync_gradients([a, b], weight=1 + 2 * r)
+    # Advantages normalized per group over both ranks' samples: rank 0 holds [0, 1], rank 1 [2, 3].
+    adv = normalize_per_group(torch.tensor([2.0 * r, 2.0 * r + 1]), [(0, 0), (0, 0)])
+    metrics = distributed.reduce_metrics({"reward": float(r), "num_tokens": 10.0 * (r + 1),
+                                          "completions/max_length": 3.0 + r, f"turn_{r}/reward": 1.0})
+    print(json.dumps({"rank": r, "total": total, "a": a.grad.tolist(), "b": b.grad.tolist(),
+                      "adv": adv.tolist(), "metrics": metrics}))
+    distributed.shutdown()
+""")
+
+
+def test_gradient_sync_is_the_batch_weighted_mean_over_ranks(tmp_path):
+    script = tmp_path / "sync.py"
+    script.write_text(SYNC_SCRIPT)
+    out = subprocess.run([str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", str(script)], env=env(),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in results) == [0, 1]
+    # (x - 1.5) / std over [0, 1, 2, 3]
+    expected = torch.tensor([-1.5, -0.5, 0.5, 1.5]) / torch.tensor([0.0, 1, 2, 3]).std(unbiased=False)
+    for r in results:
+        assert r["total"] == 4  # weights 1 + 3
+        assert r["a"] == pytest.approx([(1 * 1 + 3 * 2) / 4] * 3)  # (w0 g0 + w1 g1) / (w0 + w1)
+        assert r["b"] == pytest.approx([3 * 4 / 4] * 2)  # rank 0's missing gradient counts as zero
+        assert r["adv"] == pytest.approx(expected[2 * r["rank"]:2 * r["rank"] + 2].tolist(), abs=1e-6)
+        m = r["metrics"]
+        assert m["reward"] == 0.5 and m["num_tokens"] == 30 and m["completions/max_length"] == 4
+        assert m["turn_0/reward"] == 1 and m["turn_1/reward"] == 1  # a key one rank lacks: that rank is not counted
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["trainer.prompts_per_step=3"], "trainer.prompts_per_step=3 does not split over 2 processes"),
+    (["-m", "seed=0,1"], "never inside torchrun"),
+])
+def test_bad_multiprocess_input_names_the_fix(tiny_model_dir, tmp_path, extra, message):
+    args = [a for a in run_args(tiny_model_dir) if not a.startswith("trainer.prompts_per_step")] + extra
+    out = launch("torchrun", [*args, f"run_dir={tmp_path / 'run'}"], tmp_path)
+    assert out.returncode != 0
+    assert message in out.stderr and "src/marl_llm" not in out.stderr  # a message, no traceback of ours
+
+
+def test_only_trainable_adapter_parameters_are_synced(tiny_model_dir):
+    from conftest import make_policies
+
+    policies = make_policies(tiny_model_dir)
+    params = policies.trainable_parameters()
+    lora = {id(p) for m in policies.models for n, p in m.named_parameters() if "lora_" in n}
+    assert params and all(id(p) in lora and p.requires_grad for p in params)
+    frozen = [p for m in policies.models for n, p in m.named_parameters() if "lora_" not in n]
+    assert frozen and not any(p.requires_grad for p in frozen)

@@ -1,0 +1,192 @@
+"""Cluster sweeps through hydra-submitit-launcher: the launcher presets (conf/hydra/launcher/), the
+machine settings from the untracked conf/local/default.yaml, the sbatch script a sweep submits
+(fake sbatch, no SLURM needed) and a real 2-job sweep through submitit's local executor."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, VENV_BIN
+
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the `slurm` extra is not installed")
+
+CLI = str(VENV_BIN / "marl-llm")
+SLURM_TARGET = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+LOCAL_TARGET = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
+LOCAL_CFG = """\
+# @package _global_
+cluster:
+  partition: gpu-test
+  account: proj-42
+  qos: high
+  setup: ["module load cuda/12.4"]
+"""
+
+
+def conf_copy(tmp_path: Path, local_yaml: str | None = None) -> Path:
+    """A copy of the real conf/ whose local/default.yaml is `local_yaml` (or absent), so that a
+    developer's own conf/local/default.yaml never leaks into a test, nor a test into it."""
+    from marl_llm.cli import config_dir
+
+    conf = tmp_path / "conf"
+    shutil.copytree(config_dir(), conf, ignore=shutil.ignore_patterns("__pycache__"))
+    (conf / "local" / "default.yaml").unlink(missing_ok=True)
+    if local_yaml is not None:
+        (conf / "local" / "default.yaml").write_text(local_yaml)
+    return conf
+
+
+def compose_hydra(conf: Path, overrides: list[str]):
+    """The config with its `hydra` node, as `marl-llm -m <overrides>` composes it."""
+    from hydra import compose, initialize_config_dir
+
+    from marl_llm.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(str(conf), version_base="1.3"):
+        return compose("config", overrides=overrides, return_hydra_config=True)
+
+
+@pytest.mark.parametrize("launcher, extra, gpus", [("slurm", [], 1), ("slurm", ["hydra.launcher.gpus_per_node=4"], 4),
+                                                    ("slurm_multigpu", [], 4)])
+def test_slurm_presets_run_one_task_per_gpu_and_requeue(tmp_path, launcher, extra, gpus):
+    overrides = [f"hydra/launcher={launcher}", f"hydra.sweep.dir={tmp_path}/sweep", *extra]
+    cfg = compose_hydra(conf_copy(tmp_path), overrides)
+    lc = cfg.hydra.launcher
+    assert lc._target_ == SLURM_TARGET
+    assert lc.gpus_per_node == gpus and lc.tasks_per_node == lc.gpus_per_node  # one rank per GPU
+    assert lc.nodes == 1 and lc.max_num_timeout > 0 and lc.timeout_min > 0 and lc.signal_delay_s > 0
+    assert lc.cpus_per_task >= 1 and lc.mem_gb >= 16 * gpus and lc.array_parallelism >= 1
+    assert lc.submitit_folder == f"{tmp_path}/sweep/.submitit/%j"
+    # No local config: partition and account are left to the cluster's defaults.
+    assert lc.partition is None and lc.account is None and lc.qos is None and lc.setup == []
+
+
+def test_partition_and_account_come_from_the_local_config(tmp_path):
+    from hydra.utils import instantiate
+
+    cfg = compose_hydra(conf_copy(tmp_path, LOCAL_CFG), ["hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}/s"])
+    lc = cfg.hydra.launcher
+    assert (lc.partition, lc.account, lc.qos) == ("gpu-test", "proj-42", "high")
+    assert list(lc.setup) == ["module load cuda/12.4"]
+    assert lc.constraint is None
+    # What the plugin itself receives (Hydra instantiates the launcher from this node).
+    params = instantiate(lc).params
+    assert params["partition"] == "gpu-test" and params["account"] == "proj-42"
+    assert params["tasks_per_node"] == params["gpus_per_node"] == 1
+    # A command-line override still wins over the local file.
+    cfg = compose_hydra(conf_copy(tmp_path / "2", LOCAL_CFG),
+                        ["hydra/launcher=slurm", "hydra.launcher.partition=debug"])
+    assert cfg.hydra.launcher.partition == "debug" and cfg.hydra.launcher.account == "proj-42"
+
+
+@pytest.mark.parametrize("launcher", [None, "basic", "local", "submitit_local", "slurm", "slurm_multigpu"])
+def test_the_example_local_config_composes_with_every_launcher(tmp_path, launcher):
+    example = (REPO / "conf" / "local" / "default.example.yaml").read_text()
+    cfg = compose_hydra(conf_copy(tmp_path, example), [f"hydra/launcher={launcher}"] if launcher else [])
+    assert cfg.cluster.partition == "gpu" and cfg.cluster.account == "my_project"
+    lc = cfg.hydra.launcher
+    if launcher in (None, "basic"):
+        assert lc._target_ == "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+    elif launcher in ("local", "submitit_local"):
+        assert lc._target_ == LOCAL_TARGET and lc.tasks_per_node == 1 and "partition" not in lc
+    else:
+        assert lc._target_ == SLURM_TARGET and (lc.partition, lc.account) == ("gpu", "my_project")
+
+
+def test_the_local_config_may_make_slurm_the_default_launcher(tmp_path):
+    example = (REPO / "conf" / "local" / "default.example.yaml").read_text()
+    enabled = example.replace("# defaults:\n#   - override /hydra/launcher: slurm",
+                              "defaults:\n  - override /hydra/launcher: slurm")
+    assert enabled != example, "the example should show how to make SLURM the default launcher"
+    cfg = compose_hydra(conf_copy(tmp_path, enabled), [])
+    assert cfg.hydra.launcher._target_ == SLURM_TARGET and cfg.hydra.launcher.partition == "gpu"
+    # ... and the command line can still pick another one.
+    cfg = compose_hydra(conf_copy(tmp_path / "2", enabled), ["hydra/launcher=local"])
+    assert cfg.hydra.launcher._target_ == LOCAL_TARGET
+
+
+def test_a_sweep_submits_one_job_array_with_the_local_settings(tmp_path):
+    """`marl-llm -m hydra/launcher=slurm ...` through the real CLI and plugin, up to sbatch: a fake
+    sbatch keeps the script it is given and refuses the job, so the sweep stops right there."""
+    bin_dir, sweep = tmp_path / "bin", tmp_path / "multirun" / "sweep1"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")  # submitit's check that this is a SLURM host
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {tmp_path}/job.sh\n'
+                                    'echo "sbatch: error: refused (test)" >&2\nexit 1\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    local_dir = tmp_path / "machine"  # --config-dir <dir>: <dir>/local/default.yaml, ahead of conf/
+    (local_dir / "local").mkdir(parents=True)
+    (local_dir / "local" / "default.yaml").write_text(LOCAL_CFG)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    out = subprocess.run([CLI, "-m", "--config-dir", str(local_dir), "hydra/launcher=slurm", "seed=0,1,2",
+                          "hydra.launcher.gpus_per_node=2", f"hydra.sweep.dir={sweep}"],
+                         cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert out.returncode != 0 and "refused (test)" in out.stderr, out.stderr[-3000:]
+    script = (tmp_path / "job.sh").read_text()
+    for line in ("--partition=gpu-test", "--account=proj-42", "--qos=high", "--array=0-2%3", "--nodes=1",
+                 "--gpus-per-node=2", "--ntasks-per-node=2", "--cpus-per-task=8", "--time=480", "--signal=USR2@120",
+                 "--job-name=marl-llm", f"--output={sweep}/.submitit/%A_%a/%A_%a_0_log.out"):
+        assert f"#SBATCH {line}\n" in script, (line, script)
+    assert "\nmodule load cuda/12.4\n" in script.split("# command")[0]
+    # Each task runs the same python that submitted the sweep (one rank each, no torchrun).
+    assert "srun --unbuffered" in script and "-u -m submitit.core._submit" in script
+    assert "torchrun" not in script
+
+
+def run_sweep(args: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """Run the CLI in its own process group: submitit's local controllers and job processes stay
+    in it, so a timeout kills them all (they ignore SIGTERM, and outlive the CLI otherwise)."""
+    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"the sweep ran past {timeout} s:\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.slow
+def test_submitit_local_sweep_end_to_end(tmp_path):
+    """Two runs (seeds 0, 1) of the real job on the embedded model through submitit's local
+    executor: the same launcher code path as on SLURM (pickled job, submitit's job environment,
+    logs in the sweep dir), on this machine. Both jobs run at once: one torch thread each."""
+    sweep = tmp_path / "multirun" / "sweep1"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    out = run_sweep([CLI, "-m", "hydra/launcher=submitit_local", "seed=0,1", "logger=wandb", "algo.num_turns=1",
+                     "algo.num_generations=2", "algo.sampling.max_new_tokens=6", "algo.lora.r=4",
+                     "algo.lora.target_modules=[q_proj,v_proj]", "trainer.max_steps=1", "trainer.eval_before=false",
+                     "trainer.eval_max_problems=1", "task.sandbox.workers=1", f"hydra.sweep.dir={sweep}"],
+                    tmp_path, env, timeout=300)
+    logs = "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted(sweep.glob(".submitit/*/*_log.*")))
+    assert out.returncode == 0, out.stderr[-3000:] + logs
+    metrics = sorted(sweep.rglob("metrics.jsonl"))
+    assert {p.parent.name for p in metrics} == {"seed=0", "seed=1"}, (metrics, logs)
+    for run_dir in (p.parent for p in metrics):
+        assert (run_dir / "summary.json").is_file() and (run_dir / "wandb.json").is_file(), logs
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert any("train/reward" in r for r in rows) and any("eval/pass@1" in r for r in rows)
+        assert list((run_dir / "wandb").glob("offline-run-*")), "W&B should have logged offline"
+    # One W&B group for the sweep; the names differ by seed only.
+    runs = [json.loads(p.with_name("wandb.json").read_text()) for p in metrics]
+    assert {r["group"] for r in runs} == {"sweep-multirun-sweep1"}
+    assert {r["name"] for r in runs} == {"magrpo-humaneval-smollm2-135m-instruct-seed0",
+                                        "magrpo-humaneval-smollm2-135m-instruct-seed1"}
+    assert runs[0]["id"] != runs[1]["id"]
+    # submitit's own files (pickles, per-task logs) sit in the sweep dir: one folder per job.
+    job_dirs = [d for d in (sweep / ".submitit").iterdir() if list(d.glob("*_0_log.out"))]
+    assert len(job_dirs) == 2
+    for d in job_dirs:
+        assert "Job completed successfully" in next(d.glob("*_0_log.out")).read_text()
+        assert list(d.glob("*_submitted.pkl")) and list(d.glob("*_0_result.pkl"))
