@@ -102,6 +102,29 @@ def test_two_processes_match_one_process(tiny_model_dir, tmp_path, algo, launche
     assert sum(f"step {s}/{STEPS}:" in line for line in two.stdout.splitlines() for s in range(1, STEPS + 1)) == STEPS
 
 
+@pytest.mark.slow
+def test_slurm_tasks_become_ranks(tiny_model_dir, tmp_path):
+    """A submitit job with 2 tasks (what hydra/launcher=slurm starts for 2 GPUs) is one 2-rank run:
+    here through submitit's local executor, which exports the same job environment."""
+    args = run_args(tiny_model_dir, *SETTINGS["magrpo"])
+    one = tmp_path / "one"
+    single = subprocess.run([str(VENV_BIN / "marl-llm"), *args, f"run_dir={one}"], env=env(), capture_output=True,
+                            text=True, timeout=600)
+    assert single.returncode == 0, single.stderr[-3000:]
+    sweep = tmp_path / "sweep"
+    out = subprocess.run([str(VENV_BIN / "marl-llm"), "-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2",
+                          "hydra.launcher.gpus_per_node=0", f"hydra.sweep.dir={sweep}", *args, "seed=0"],
+                         cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = [p.parent for p in sweep.rglob("checkpoint.pt")]
+    assert len(runs) == 1
+    logs = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.out"))
+    assert "global_rank=1(2)" in logs and logs.count("2 data-parallel processes") == 1
+    assert [r["step"] for r in metrics(runs[0])] == list(range(1, STEPS + 1))
+    a1, a2 = adapters(one), adapters(runs[0])
+    assert max(float((a1[k][n] - a2[k][n]).abs().max()) for k in a1 for n in a1[k]) <= ATOL
+
+
 SYNC_SCRIPT = textwrap.dedent("""
     import json, sys
     import torch
