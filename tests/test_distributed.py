@@ -144,8 +144,10 @@ SYNC_SCRIPT = textwrap.dedent("""
     adv = normalize_per_group(torch.tensor([2.0 * r, 2.0 * r + 1]), [(0, 0), (0, 0)])
     metrics = distributed.reduce_metrics({"reward": float(r), "num_tokens": 10.0 * (r + 1),
                                           "completions/max_length": 3.0 + r, f"turn_{r}/reward": 1.0})
-    print(json.dumps({"rank": r, "total": total, "a": a.grad.tolist(), "b": b.grad.tolist(),
-                      "adv": adv.tolist(), "metrics": metrics}))
+    # One file per rank: the ranks' stdout lines may interleave in the shared pipe.
+    with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
+        json.dump({"rank": r, "total": total, "a": a.grad.tolist(), "b": b.grad.tolist(),
+                   "adv": adv.tolist(), "metrics": metrics}, f)
     distributed.shutdown()
 """)
 
@@ -153,10 +155,10 @@ SYNC_SCRIPT = textwrap.dedent("""
 def test_gradient_sync_is_the_batch_weighted_mean_over_ranks(tmp_path):
     script = tmp_path / "sync.py"
     script.write_text(SYNC_SCRIPT)
-    out = subprocess.run([str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", str(script)], env=env(),
+    out = subprocess.run([str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", str(script), str(tmp_path)], env=env(),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    results = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     assert sorted(r["rank"] for r in results) == [0, 1]
     # (x - 1.5) / std over [0, 1, 2, 3]
     expected = torch.tensor([-1.5, -0.5, 0.5, 1.5]) / torch.tensor([0.0, 1, 2, 3]).std(unbiased=False)

@@ -65,3 +65,22 @@ def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tiny_model_dir, tmp
     (run / "checkpoint.prev.pt").write_bytes(b"")
     with pytest.raises(UserError, match="no usable checkpoint.*start a new run dir"):
         train(compose_config(overrides(tiny_model_dir, run, 4, "trainer.resume=true")))
+
+
+def test_a_requeued_slurm_job_resumes_without_being_told(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    train(compose_config(overrides(tiny_model_dir, run, 2)))
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # what SLURM sets on a requeued job
+    capsys.readouterr()
+    train(compose_config(overrides(tiny_model_dir, run, 3)))  # no trainer.resume
+    assert "resumed from" in capsys.readouterr().out
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3]
+
+
+def test_resume_before_any_checkpoint_starts_over_with_clean_logs(tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "train/reward": 9.0}\n')  # a run killed before its first save
+    train(compose_config(overrides(tiny_model_dir, run, 1, "trainer.resume=true")))
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == [1] and rows[0]["train/reward"] != 9.0

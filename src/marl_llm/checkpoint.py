@@ -90,20 +90,26 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
     return (None, f"incomplete (no {', '.join(missing)})") if missing else (ckpt, "")
 
 
-def load_checkpoint(run_dir: Path, policies: AgentPolicies, algorithm: Any = None) -> dict[str, Any] | None:
+def load_checkpoint(run_dir: Path, policies: AgentPolicies, algorithm: Any = None,
+                    main: bool = True) -> dict[str, Any] | None:
     """Restore adapters, optimizers, the algorithm's state (critics) and RNG states from run_dir,
     falling back to the previous checkpoint when the latest is corrupt; cut the local logs back
-    to the checkpoint's step. Returns the checkpoint (or None: nothing to resume)."""
+    to the checkpoint's step (to nothing when there is no checkpoint: the run starts over).
+    Returns the checkpoint (or None: nothing to resume). `main`: this process owns the run dir's
+    logs and messages (data-parallel ranks other than 0 only read)."""
     path = run_dir / CHECKPOINT
     ckpt, why = _read(path)
     if ckpt is None:
         previous, why_previous = _read(run_dir / PREVIOUS)
         if previous is None:
             if why == "missing" and why_previous == "missing":
+                if main:  # killed (or requeued) before its first checkpoint: its log lines are redone
+                    _cut_logs(run_dir, {name: 0 for name in LOGS})
                 return None
             raise UserError(f"no usable checkpoint in {run_dir}: {CHECKPOINT} is {why}, {PREVIOUS} is {why_previous}; "
                             "start a new run dir (hydra.run.dir=...) or drop trainer.resume")
-        print(f"[marl-llm] warning: {path} is {why}; resuming from {PREVIOUS} (step {previous['step']})", flush=True)
+        if main:
+            print(f"[marl-llm] warning: {path} is {why}; resuming from {PREVIOUS} (step {previous['step']})", flush=True)
         ckpt, path = previous, run_dir / PREVIOUS
     try:
         policies.load_adapter_state(ckpt["adapters"])
@@ -115,9 +121,15 @@ def load_checkpoint(run_dir: Path, policies: AgentPolicies, algorithm: Any = Non
                         "config the run was started with, or start a new run dir (hydra.run.dir=...)") from None
     set_rng_state(ckpt["rng"])
     ckpt["path"] = str(path)
-    for name, size in ckpt.get("log_bytes", {}).items():
+    if main:
+        _cut_logs(run_dir, ckpt.get("log_bytes", {}))
+    return ckpt
+
+
+def _cut_logs(run_dir: Path, sizes: dict[str, int]) -> None:
+    """Truncate each log to the size it had at the checkpoint, so repeated steps are logged once."""
+    for name, size in sizes.items():
         log = run_dir / name
         if log.exists() and log.stat().st_size > size:
             with open(log, "r+b") as f:
                 f.truncate(size)
-    return ckpt

@@ -202,7 +202,7 @@ def train(cfg: DictConfig) -> float:
     algo_cls = type(algo)
     start_step, wandb_id = 0, None
     if resuming(cfg):
-        ckpt = load_checkpoint(run_dir, policies, algo)
+        ckpt = load_checkpoint(run_dir, policies, algo, main=w.is_main)
         if ckpt is not None:
             start_step, wandb_id = ckpt["step"], ckpt["wandb_id"]
             say(f"resumed from {ckpt['path']} at step {start_step}")
