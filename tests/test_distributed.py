@@ -131,7 +131,7 @@ SYNC_SCRIPT = textwrap.dedent("""
     from marl_llm import distributed
     from marl_llm.algos.returns import normalize_per_group
 
-    w = distributed.init(cpu=True)
+    w = distributed.init(timeout_min=5, cpu=True)
     r = w.rank
     # Rank r: a batch of weight 1 + 2r with gradient (r + 1) * ones; a parameter without a gradient on rank 0.
     a = torch.zeros(3, requires_grad=True)

@@ -147,7 +147,7 @@ def rank_overrides(args: list[str]) -> list[str]:
                         "drop the launcher, or set hydra/launcher=slurm hydra.launcher.gpus_per_node=<n> for "
                         "data-parallel jobs")
     timeout = next((float(a.split("=", 1)[1]) for a in args if a.startswith("trainer.distributed_timeout_min=")),
-                   120.0)
+                   TrainerConfig.distributed_timeout_min)
     import torch
 
     cpu = "model.device=cpu" in args or not torch.cuda.is_available()

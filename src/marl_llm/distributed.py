@@ -68,7 +68,7 @@ def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def init(timeout_min: float = 120.0, cpu: bool | None = None) -> World:
+def init(timeout_min: float, cpu: bool | None = None) -> World:
     """Join the launcher's process group (idempotent); a single process stays World(0, 1, 0).
     `timeout_min` bounds how long ranks wait for rank 0's evaluations and checkpoints."""
     global _WORLD

@@ -255,7 +255,10 @@ def preallocate(cache: Any, new_tokens: int) -> None:
 def uniform_draws(keys: list[int | None], length: int, device: torch.device) -> torch.Tensor:
     """Each row's uniform draws for a whole rollout [B, length]: from its own generator when the
     row has a key (so a row's tokens do not depend on its batch), else from the global RNG."""
-    u = torch.rand((len(keys), length))
+    u = torch.empty((len(keys), length))
+    unkeyed = [b for b, key in enumerate(keys) if key is None]
+    if unkeyed:
+        u[unkeyed] = torch.rand((len(unkeyed), length))
     for b, key in enumerate(keys):
         if key is not None:
             u[b] = torch.rand(length, generator=torch.Generator().manual_seed(key))
