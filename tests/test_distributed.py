@@ -1,6 +1,7 @@
-"""Data-parallel training on CPU (gloo, 2 processes): the adapters after N steps match a
-single-process run with the same global batch and seed; rank 0 alone writes the run dir; the
-gradient sync is the batch-weighted mean over ranks of the trainable parameters' gradients.
+"""Data-parallel training on CPU (gloo, 2 processes), with and without FSDP: the adapters after N
+steps match a single-process run with the same global batch and seed; rank 0 alone writes the
+run dir; the gradient sync is the batch-weighted mean over ranks of the trainable parameters'
+gradients.
 
 Tolerance: each rank sums its half of the batch's gradient and the all-reduce adds the halves,
 so float32 rounding differs from one process's single sum in the last bits; Adam divides by
@@ -57,21 +58,30 @@ def launch(launcher, args, cwd):
     return subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=600)
 
 
+# FSDP (trainer.fsdp=true) also evaluates after training: rank 0 alone runs those passes while
+# the other rank serves its share of the sharded base.
+FSDP = ["trainer.eval_after=true", "trainer.eval_max_problems=2"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("algo,launcher", [("magrpo", "torchrun"), ("collm_cc", "accelerate")])
-def test_two_processes_match_one_process(tiny_model_dir, tmp_path, algo, launcher):
-    args = run_args(tiny_model_dir, *SETTINGS[algo])
+@pytest.mark.parametrize("algo,launcher,fsdp", [("magrpo", "torchrun", False), ("collm_cc", "accelerate", False),
+                                                ("magrpo", "accelerate", True), ("collm_cc", "torchrun", True)])
+def test_two_processes_match_one_process(tiny_model_dir, tmp_path, algo, launcher, fsdp):
+    args = run_args(tiny_model_dir, *SETTINGS[algo], *(FSDP if fsdp else []))
     one = tmp_path / "one"
     single = subprocess.run([str(VENV_BIN / "marl-llm"), *args, f"run_dir={one}"], env=env(), capture_output=True,
                             text=True, timeout=600)
     assert single.returncode == 0, single.stderr[-3000:]
     # No run_dir: the ranks must agree on Hydra's time-stamped output dir by themselves.
-    two = launch(launcher, args, tmp_path)
+    two = launch(launcher, [*args, f"trainer.fsdp={str(fsdp).lower()}"], tmp_path)
     assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-3000:]
     run_dirs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
     assert len(run_dirs) == 1, run_dirs  # one run dir for both ranks
     run = run_dirs[0]
     assert "2 data-parallel processes" in two.stdout
+    assert ("FSDP: the base is sharded over 2 ranks" in two.stdout) == fsdp
+    if fsdp:
+        assert json.loads((run / "summary.json").read_text())["after"] is not None
 
     # Same samples, same losses, same gradients: the per-step metrics agree.
     m1, m2 = metrics(one), metrics(run)
@@ -97,8 +107,7 @@ def test_two_processes_match_one_process(tiny_model_dir, tmp_path, algo, launche
     # Rank 0 alone wrote: one config, one log line per step, one checkpoint, one summary.
     assert sorted(p.name for p in run.iterdir()) == sorted(
         [".hydra", "checkpoint.pt", "cli.log", "config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json"])
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in metrics(run)] == list(range(1, STEPS + 1))
     assert sum(f"step {s}/{STEPS}:" in line for line in two.stdout.splitlines() for s in range(1, STEPS + 1)) == STEPS
 
 

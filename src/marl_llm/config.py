@@ -393,6 +393,9 @@ class TrainerConfig:
     # Data-parallel runs (torchrun, accelerate launch, SLURM tasks): how long ranks wait for each
     # other (rank 0's evaluations and checkpoints) before the run fails.
     distributed_timeout_min: float = 120.0
+    # Data-parallel runs: shard the frozen base over the ranks with FSDP (for a base that does
+    # not fit one GPU; the adapters stay whole on every rank). No effect on one process.
+    fsdp: bool = False
 
 
 # -------------------------------------------------------------------------------------- cluster

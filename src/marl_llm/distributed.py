@@ -17,6 +17,10 @@ dependent (episodes end early, turns fork unevenly), and DDP all-reduces inside 
 which would stall ranks that did fewer passes. One all-reduce per optimizer step, after the
 rank's passes are done, needs no such agreement. Accelerate's PartialState sets up the process
 group (nccl on GPUs, gloo on CPU) and the device from the launcher's environment.
+
+With `trainer.fsdp=true` the frozen base is sharded over the ranks (`marl_llm.fsdp`); its forward
+passes then run in lockstep, and every collective below first lets a rank that is done with its
+passes serve the others' (`before_collectives`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import torch
 
@@ -98,6 +102,28 @@ def _dist():
     return dist
 
 
+# Called before each collective of this module: an FSDP-sharded model's lockstep drains there
+# (the ranks' own collectives must never interleave with its rounds).
+_BEFORE_COLLECTIVES: list[Callable[[], None]] = []
+
+
+def before_collectives(fn: Callable[[], None]) -> None:
+    _BEFORE_COLLECTIVES.append(fn)
+
+
+def _settle() -> None:
+    for fn in _BEFORE_COLLECTIVES:
+        fn()
+
+
+def settle() -> None:
+    """With an FSDP-sharded base, wait until every rank has run its forward passes so far (a rank
+    that is done serves the others' with dummy passes); a no-op otherwise. Called where a phase
+    changes the kind of pass, e.g. from passes without gradients to passes with them."""
+    if _WORLD.size > 1:
+        _settle()
+
+
 def sync_gradients(params: Iterable[torch.Tensor], weight: float) -> float:
     """Replace every parameter's gradient with the weighted mean over ranks: sum_r w_r g_r / sum_r w_r.
 
@@ -108,6 +134,7 @@ def sync_gradients(params: Iterable[torch.Tensor], weight: float) -> float:
     params = list(params)
     if _WORLD.size == 1:
         return weight
+    _settle()
     device = params[0].device
     flat = [(p.grad.detach().float() if p.grad is not None else torch.zeros(p.shape, device=device)).flatten()
             for p in params]
@@ -128,6 +155,7 @@ def all_sum(value: float) -> float:
     """The sum of a number over ranks (the value itself on one process)."""
     if _WORLD.size == 1:
         return value
+    _settle()
     t = torch.tensor([float(value)], dtype=torch.float64)
     if _dist().get_backend() == "nccl":
         t = t.cuda()
@@ -140,6 +168,7 @@ def broadcast_parameters(params: Iterable[torch.Tensor]) -> None:
     seeded alike; this makes it hold whatever the launcher or filesystem did)."""
     if _WORLD.size == 1:
         return
+    _settle()
     with torch.no_grad():
         for p in params:
             _dist().broadcast(p.data, src=0)
@@ -149,6 +178,7 @@ def broadcast_object(obj: Any) -> Any:
     """Rank 0's value of a picklable object, on every rank."""
     if _WORLD.size == 1:
         return obj
+    _settle()
     box = [obj]
     _dist().broadcast_object_list(box, src=0)
     return box[0]
@@ -158,6 +188,7 @@ def gather_objects(obj: Any) -> list[Any]:
     """Every rank's object, in rank order, on every rank."""
     if _WORLD.size == 1:
         return [obj]
+    _settle()
     out: list[Any] = [None] * _WORLD.size
     _dist().all_gather_object(out, obj)
     return out
@@ -165,6 +196,7 @@ def gather_objects(obj: Any) -> list[Any]:
 
 def barrier() -> None:
     if _WORLD.size > 1:
+        _settle()
         _dist().barrier()
 
 
@@ -196,3 +228,4 @@ def shutdown() -> None:
     if _WORLD.size > 1 and _dist().is_initialized():
         _dist().destroy_process_group()
     _WORLD = World()
+    _BEFORE_COLLECTIVES.clear()

@@ -179,10 +179,13 @@ class AgentPolicies:
     `model.agent_bases` each agent gets its own base model (heterogeneous teams).
     """
 
-    def __init__(self, agent_names: tuple[str, ...], model_cfg: Any, algo_cfg: Any, seed: int):
+    def __init__(self, agent_names: tuple[str, ...], model_cfg: Any, algo_cfg: Any, seed: int,
+                 load_on_cpu: bool = False):
         from peft import LoraConfig, get_peft_model
 
         self.device = resolve_device(model_cfg.device)
+        # FSDP loads bases on the CPU and moves each rank's shards to the device (fsdp.py).
+        load_device = torch.device("cpu") if load_on_cpu else self.device
         self.dtype = resolve_dtype(model_cfg.dtype, self.device)
         bases = list(model_cfg.agent_bases) if model_cfg.agent_bases else [None]
         if len(bases) not in (1, len(agent_names)):
@@ -206,7 +209,7 @@ class AgentPolicies:
                           target_modules=list(algo_cfg.lora.target_modules), task_type="CAUSAL_LM")
         self.models, self.tokenizers, self.agents = [], [], []
         for k, base_spec in enumerate(bases):
-            base, tok = load_base(base_spec, model_cfg, self.device, self.dtype)
+            base, tok = load_base(base_spec, model_cfg, load_device, self.dtype)
             missing = [m for m in lora.target_modules if not any(n.endswith(m) for n, _ in base.named_modules())]
             if missing:
                 raise UserError(f"algo.lora.target_modules {missing} are not modules of {type(base).__name__}; "

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicLayer
 
+from marl_llm import fsdp
 from marl_llm.mixed_lora import MixedLoRA
 from marl_llm.models import AgentPolicies
 
@@ -178,14 +179,14 @@ class HFRollout:
                     out[j] = c
         return out  # type: ignore[return-value]
 
-    @torch.inference_mode()
     def _generate_chunk(self, k: int, requests: list[GenRequest]) -> list[Completion]:
         model, tok = self.policies.models[k], self.policies.tokenizers[k]
         prompts = [encode_prompt(tok, r.message) for r in requests]
         adapters = [self.policies.agents[r.agent].adapter for r in requests]
         eos_ids = self.policies.eos_ids[k]
-        generated = decode(model, prompts, adapters, [r.sampling for r in requests], eos_ids, tok.pad_token_id,
-                           row_keys=[r.key for r in requests])
+        with fsdp.no_grad(model):
+            generated = decode(model, prompts, adapters, [r.sampling for r in requests], eos_ids, tok.pad_token_id,
+                               row_keys=[r.key for r in requests])
         return [to_completion(tok, p, ids, eos_ids) for p, ids in zip(prompts, generated)]
 
 
@@ -386,11 +387,12 @@ def completion_logprobs(model, prompts: list[torch.Tensor], completions: list[to
     asked, entropy [B, C] of the policy at each completion position (no grad). Only the logits
     of completion positions are materialized (`logits_to_keep`). When every completion shares
     one prompt (the G siblings of a rollout node), the prompt is encoded once and its KV cache
-    reused for all of them (gradients flow through the cache); the result is the same.
+    reused for all of them (gradients flow through the cache); the result is the same. (Not on
+    an FSDP-sharded model: its lockstep wants one forward pass per backward.)
     """
     device = next(model.parameters()).device
     shared = None
-    if len(prompts) > 1 and all(torch.equal(p, prompts[0]) for p in prompts[1:]):
+    if len(prompts) > 1 and not fsdp.is_sharded(model) and all(torch.equal(p, prompts[0]) for p in prompts[1:]):
         shared = _shared_prompt_logits(model, prompts[0], completions, pad_id, device)
     if shared is not None:
         logits, cmask, targets = shared

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from marl_llm import distributed
+from marl_llm import distributed, fsdp
 from marl_llm.algos import algorithm_class, build_algorithm
 from marl_llm.atomic import atomic_write_text
 from marl_llm.checkpoint import load_checkpoint, save_checkpoint
@@ -98,6 +98,7 @@ class Setup:
     train_set: list[Problem]
     eval_set: list[Problem]
     max_steps: int
+    sharding: str | None = None  # what FSDP left on each rank (trainer.fsdp), to print
 
 
 def build(cfg: DictConfig, task: Any = None) -> Setup:
@@ -120,7 +121,9 @@ def build(cfg: DictConfig, task: Any = None) -> Setup:
     max_steps = tc.max_steps if algo_cls.trainable else 0
     train_set = task.load_split("train") if max_steps > 0 else []
     eval_set = task.load_split("eval")[: tc.eval_max_problems or None]
-    policies = AgentPolicies(task.agent_names, cfg.model, cfg.algo, cfg.seed)
+    fsdp.check_supported(cfg)
+    sharded = tc.fsdp and distributed.world().size > 1
+    policies = AgentPolicies(task.agent_names, cfg.model, cfg.algo, cfg.seed, load_on_cpu=sharded)
     if tc.gradient_checkpointing:
         policies.enable_gradient_checkpointing()
     if tc.rollout == "vllm":
@@ -130,7 +133,9 @@ def build(cfg: DictConfig, task: Any = None) -> Setup:
     else:
         rollout = HFRollout(policies, max_batch=tc.sequences_per_generate)
     algo = build_algorithm(cfg.algo, task, policies, rollout, tc.completions_per_micro_batch)
-    return Setup(task, policies, rollout, algo, train_set, eval_set, max_steps)
+    # After the algorithm: its critics add adapters, and FSDP fixes the parameters it manages.
+    sharding = fsdp.shard_policies(policies) if sharded else None
+    return Setup(task, policies, rollout, algo, train_set, eval_set, max_steps, sharding)
 
 
 def train_step(run: Setup, cfg: DictConfig, step: int,
@@ -215,6 +220,10 @@ def train(cfg: DictConfig) -> float:
         f"{cfg.model.name} [{', '.join(m.get_base_model().name_or_path for m in policies.models)}] "
         f"({policies.device}, {policies.dtype}); run dir {run_dir}"
         + (f"; {w.size} data-parallel processes" if w.size > 1 else ""))
+    if run.sharding:
+        say(run.sharding)
+    elif tc.fsdp:
+        say("trainer.fsdp=true on one process: nothing to shard, the base stays whole")
 
     if not algo_cls.trainable and tc.max_steps > 0:
         say(f"algo={cfg.algo.name} is a prompt-only baseline: evaluation only, no training steps")

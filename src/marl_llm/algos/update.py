@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from marl_llm.algos.losses import policy_loss
-from marl_llm.distributed import all_sum, sync_gradients, world
+from marl_llm.distributed import all_sum, settle, sync_gradients, world
 from marl_llm.models import AgentPolicies
 from marl_llm.rollout import Completion, completion_logprobs
 
@@ -93,11 +93,20 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
             with torch.no_grad():
                 for idx in micro_batches(comps, micro_batch_size):
                     keep_old(idx, logps(idx)[0])
+            settle()  # FSDP: every rank's passes without gradients end before any with them
         for epoch in range(s.epochs):
             for batch in mini_batches:
                 opt.zero_grad(set_to_none=True)
                 batch_tokens = sum(len(comps[j].completion_ids) for j in batch)
                 for idx in micro_batches(comps, micro_batch_size, batch):
+                    # The reference pass comes first: between a pass with gradients and its
+                    # backward, an FSDP-sharded model runs no other pass (fsdp.py).
+                    ref = None
+                    if s.kl_coef > 0:
+                        if tuple(idx) not in ref_logps:
+                            with torch.no_grad(), model.disable_adapter():
+                                ref_logps[tuple(idx)] = logps(idx)[0]
+                        ref = ref_logps[tuple(idx)]
                     logp, mask, ent = logps(idx, with_entropy=epoch == 0)
                     if epoch == 0:
                         entropy_sum += float((ent * mask).sum())
@@ -108,12 +117,6 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
                         old_logp = torch.zeros_like(logp)
                         for row, j in enumerate(idx):
                             old_logp[row, :len(old[j])] = old[j]
-                    ref = None
-                    if s.kl_coef > 0:
-                        if tuple(idx) not in ref_logps:
-                            with torch.no_grad(), model.disable_adapter():
-                                ref_logps[tuple(idx)] = logps(idx)[0]
-                        ref = ref_logps[tuple(idx)]
                     loss, stats = policy_loss(logp, old_logp, advs[idx].to(device), mask, aggregation=s.aggregation,
                                               clip_eps=s.clip_eps, ref_logp=ref, kl_coef=s.kl_coef)
                     # Weights make the micro-batches sum to the mini-batch's loss.

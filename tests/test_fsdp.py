@@ -1,0 +1,146 @@
+"""FSDP (`trainer.fsdp=true`) on CPU with 2 processes (gloo): the base is really sharded, the
+ranks' uneven forward/backward passes run in lockstep and give what the whole model gives, the
+lockstep refuses passes that would desynchronize the ranks, and settings FSDP cannot run with are
+refused with a message. The end-to-end equivalence with a single process is in
+test_distributed.py (it runs every launcher setting with and without FSDP)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import VENV_BIN, compose_config
+from test_distributed import env
+
+LOCKSTEP_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    sys.path.insert(0, sys.argv[3])
+    from conftest import make_policies
+    from marl_llm import distributed, fsdp
+    from marl_llm.rollout import GenRequest, HFRollout, SamplingParams, completion_logprobs, sample_key
+
+    w = distributed.init(timeout_min=5, cpu=True)
+    r, out = w.rank, {"rank": w.rank}
+    sharded, whole = make_policies(sys.argv[2]), make_policies(sys.argv[2])  # same seed: same adapters
+    for p in (sharded, whole):  # train-mode passes recompute inside the backward
+        p.enable_gradient_checkpointing()
+    out["sharding"] = fsdp.shard_policies(sharded)
+    model, ref = sharded.models[0], whole.models[0]
+    out["is_sharded"] = [fsdp.is_sharded(model), fsdp.is_sharded(ref)]
+    out["local_numel"] = sum(p.to_local().numel() for n, p in model.named_parameters() if "lora_" not in n)
+    out["whole_numel"] = sum(p.numel() for n, p in ref.named_parameters() if "lora_" not in n)
+
+    # Uneven generation: rank 0 two calls (5 and 3 new tokens, two agents), rank 1 one call of 2.
+    def requests(call, n_new):
+        return [GenRequest(agent=a, message=f"call {call} agent {a} of rank {r}",
+                           sampling=SamplingParams(temperature=1.0, max_new_tokens=n_new),
+                           key=sample_key(r, call, a)) for a in (0, 1)]
+    calls = [(0, 5), (1, 3)] if r == 0 else [(0, 2)]
+    got = [[c.completion_ids.tolist() for c in HFRollout(sharded).generate(requests(*c))] for c in calls]
+    want = [[c.completion_ids.tolist() for c in HFRollout(whole).generate(requests(*c))] for c in calls]
+    out["generate_equal"] = got == want
+    out["generated_lengths"] = [[len(ids) for ids in call] for call in got]
+    distributed.settle()  # from passes without gradients to passes with them (as the trainer does)
+
+    # Uneven backward passes (rank 0: three micro-batches, rank 1: one), then the gradient sync.
+    def grads(policies):
+        m = policies.models[0]
+        with policies.acting(0):
+            for i in range(3 if r == 0 else 1):
+                prompt = torch.tensor([5 + i, 6, 7 + r])
+                comps = [torch.tensor([8, 9, 10 + i]), torch.tensor([11, 12])]
+                logp, mask, _ = completion_logprobs(m, [prompt, prompt], comps, pad_id=0)
+                (logp.sum() / mask.sum()).backward()
+        params = policies.adapter_parameters(0, "agent_aux")
+        distributed.sync_gradients(params, 1.0)
+        return torch.cat([p.grad.flatten() for p in params])
+    g_sharded, g_whole = grads(sharded), grads(whole)
+    out["grad_max_diff"] = float((g_sharded - g_whole).abs().max())
+    out["grad_norm"] = float(g_whole.norm())
+
+    # Rank 0 alone runs passes (as it evaluates) while rank 1 waits at a barrier.
+    if r == 0:
+        solo = [c.completion_ids.tolist() for c in HFRollout(sharded).generate(requests(7, 4))]
+        out["solo_equal"] = solo == [c.completion_ids.tolist() for c in HFRollout(whole).generate(requests(7, 4))]
+    distributed.barrier()
+
+    # Passes that would desynchronize the ranks are refused on every rank, before any all-gather.
+    ids = torch.tensor([[5, 6, 7]])
+    try:
+        with torch.set_grad_enabled(r == 0):
+            model(input_ids=ids)
+    except RuntimeError as err:
+        out["mixed_kinds"] = str(err)
+    with sharded.acting(0):
+        loss = model(input_ids=ids).logits.sum()
+        try:
+            model(input_ids=ids)
+        except RuntimeError as err:
+            out["no_backward"] = str(err)
+        loss.backward()
+    distributed.barrier()
+    with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
+        json.dump(out, f)
+    distributed.shutdown()
+""")
+
+
+@pytest.mark.slow
+def test_sharded_passes_run_in_lockstep_and_match_the_whole_model(tiny_model_dir, tmp_path):
+    script = tmp_path / "lockstep.py"
+    script.write_text(LOCKSTEP_SCRIPT)
+    out = subprocess.run([str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", str(script), str(tmp_path),
+                          str(tiny_model_dir), str(Path(__file__).parent)],
+                         env=env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:
+        assert r["is_sharded"] == [True, False]
+        # Each rank holds half of every frozen weight (dim-0 shards; odd sizes round up).
+        assert r["whole_numel"] / 2 <= r["local_numel"] < r["whole_numel"] / 2 + 1000
+        assert "sharded over 2 ranks" in r["sharding"]
+        assert r["generate_equal"]
+        assert r["grad_norm"] > 0 and r["grad_max_diff"] < 1e-5
+        assert "different kinds" in r["mixed_kinds"]
+        assert "must have its backward" in r["no_backward"]
+    assert results[0]["solo_equal"]
+    # The ranks really did uneven work: different numbers of calls and tokens.
+    assert len(results[0]["generated_lengths"]) == 2 and len(results[1]["generated_lengths"]) == 1
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["trainer.rollout=vllm"], "trainer.fsdp=true needs trainer.rollout=hf"),
+    (["model.agent_bases=[a,b]"], "unset model.agent_bases"),
+    (["algo=collm_cc", "task=tldr", "algo.critic.placement=separate"], "use algo.critic.placement=adapter"),
+])
+def test_settings_fsdp_cannot_run_with_are_refused(overrides, message):
+    from marl_llm.config import UserError
+    from marl_llm.fsdp import check_supported
+
+    cfg = compose_config(["trainer.fsdp=true", *overrides])
+    with pytest.raises(UserError, match=message):
+        check_supported(cfg)
+    check_supported(compose_config(overrides))  # the same settings without FSDP are fine
+
+
+def test_bad_fsdp_setting_stops_the_cli_with_a_message(tmp_path):
+    out = subprocess.run([str(VENV_BIN / "marl-llm"), "trainer.fsdp=true", "trainer.rollout=vllm",
+                          f"run_dir={tmp_path / 'run'}"], env=env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "trainer.fsdp=true needs trainer.rollout=hf" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_one_process_fsdp_leaves_the_base_whole(tiny_model_dir, tmp_path):
+    from conftest import tiny_overrides
+
+    out = subprocess.run([str(VENV_BIN / "marl-llm"), *tiny_overrides(tiny_model_dir, tmp_path / "run"),
+                          "trainer.fsdp=true", "trainer.max_steps=0", "trainer.eval_after=false"],
+                         env=env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "trainer.fsdp=true on one process: nothing to shard" in out.stdout
