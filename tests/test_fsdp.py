@@ -22,7 +22,8 @@ LOCKSTEP_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, sys.argv[3])
     from conftest import make_policies
     from marl_llm import distributed, fsdp
-    from marl_llm.rollout import GenRequest, HFRollout, SamplingParams, completion_logprobs, sample_key
+    from marl_llm.algos.update import UpdateSettings, policy_update
+    from marl_llm.rollout import Completion, GenRequest, HFRollout, SamplingParams, completion_logprobs, sample_key
 
     w = distributed.init(timeout_min=5, cpu=True)
     r, out = w.rank, {"rank": w.rank}
@@ -62,6 +63,22 @@ LOCKSTEP_SCRIPT = textwrap.dedent("""
     g_sharded, g_whole = grads(sharded), grads(whole)
     out["grad_max_diff"] = float((g_sharded - g_whole).abs().max())
     out["grad_norm"] = float(g_whole.norm())
+
+    # The real PPO update: two epochs of mini-batches (old log-probs first, then passes with
+    # gradients), a KL term (reference passes), one completion per micro-batch, and uneven
+    # sample counts (rank 0: 5, rank 1: 2).
+    def ppo(policies):
+        comps = [Completion(torch.tensor([5, 6 + j % 2, 7 + r]), torch.tensor([8 + j, 9, 10][: 2 + j % 2]), "", False)
+                 for j in range(5 if r == 0 else 2)]
+        advs = torch.linspace(-1.0, 1.0, len(comps))
+        settings = UpdateSettings(epochs=2, mini_batch_size=3, clip_eps=0.2, kl_coef=0.1, seed=r)
+        stats = policy_update(policies, 1, (0, "agent_main"), comps, advs, settings, micro_batch_size=1)
+        return torch.cat([p.detach().flatten() for p in policies.adapter_parameters(0, "agent_main")]), stats
+    before = torch.cat([p.detach().flatten() for p in whole.adapter_parameters(0, "agent_main")])
+    (p_sharded, s_sharded), (p_whole, s_whole) = ppo(sharded), ppo(whole)
+    out["ppo_max_diff"] = float((p_sharded - p_whole).abs().max())
+    out["ppo_moved"] = float((p_whole - before).abs().max())
+    out["ppo_steps"] = s_sharded["optimizer_steps"]
 
     # Rank 0 alone runs passes (as it evaluates) while rank 1 waits at a barrier.
     if r == 0:
@@ -107,6 +124,8 @@ def test_sharded_passes_run_in_lockstep_and_match_the_whole_model(tiny_model_dir
         assert "sharded over 2 ranks" in r["sharding"]
         assert r["generate_equal"]
         assert r["grad_norm"] > 0 and r["grad_max_diff"] < 1e-5
+        assert r["ppo_steps"] == 6 and r["ppo_max_diff"] < 1e-5  # 2 epochs x ceil(7 / 3) mini-batches
+        assert r["ppo_moved"] > 1e-3  # lr 1e-2: the update really moved the adapter
         assert "different kinds" in r["mixed_kinds"]
         assert "must have its backward" in r["no_backward"]
     assert results[0]["solo_equal"]
