@@ -111,17 +111,13 @@ def before_collectives(fn: Callable[[], None]) -> None:
     _BEFORE_COLLECTIVES.append(fn)
 
 
-def _settle() -> None:
-    for fn in _BEFORE_COLLECTIVES:
-        fn()
-
-
 def settle() -> None:
     """With an FSDP-sharded base, wait until every rank has run its forward passes so far (a rank
-    that is done serves the others' with dummy passes); a no-op otherwise. Called where a phase
-    changes the kind of pass, e.g. from passes without gradients to passes with them."""
-    if _WORLD.size > 1:
-        _settle()
+    that is done serves the others' with dummy passes); a no-op otherwise. Every collective below
+    starts with it; code calls it where a phase changes the kind of pass, e.g. from passes without
+    gradients to passes with them."""
+    for fn in _BEFORE_COLLECTIVES:
+        fn()
 
 
 def sync_gradients(params: Iterable[torch.Tensor], weight: float) -> float:
@@ -134,7 +130,7 @@ def sync_gradients(params: Iterable[torch.Tensor], weight: float) -> float:
     params = list(params)
     if _WORLD.size == 1:
         return weight
-    _settle()
+    settle()
     device = params[0].device
     flat = [(p.grad.detach().float() if p.grad is not None else torch.zeros(p.shape, device=device)).flatten()
             for p in params]
@@ -155,7 +151,7 @@ def all_sum(value: float) -> float:
     """The sum of a number over ranks (the value itself on one process)."""
     if _WORLD.size == 1:
         return value
-    _settle()
+    settle()
     t = torch.tensor([float(value)], dtype=torch.float64)
     if _dist().get_backend() == "nccl":
         t = t.cuda()
@@ -168,7 +164,7 @@ def broadcast_parameters(params: Iterable[torch.Tensor]) -> None:
     seeded alike; this makes it hold whatever the launcher or filesystem did)."""
     if _WORLD.size == 1:
         return
-    _settle()
+    settle()
     with torch.no_grad():
         for p in params:
             _dist().broadcast(p.data, src=0)
@@ -178,7 +174,7 @@ def broadcast_object(obj: Any) -> Any:
     """Rank 0's value of a picklable object, on every rank."""
     if _WORLD.size == 1:
         return obj
-    _settle()
+    settle()
     box = [obj]
     _dist().broadcast_object_list(box, src=0)
     return box[0]
@@ -188,7 +184,7 @@ def gather_objects(obj: Any) -> list[Any]:
     """Every rank's object, in rank order, on every rank."""
     if _WORLD.size == 1:
         return [obj]
-    _settle()
+    settle()
     out: list[Any] = [None] * _WORLD.size
     _dist().all_gather_object(out, obj)
     return out
@@ -196,7 +192,7 @@ def gather_objects(obj: Any) -> list[Any]:
 
 def barrier() -> None:
     if _WORLD.size > 1:
-        _settle()
+        settle()
         _dist().barrier()
 
 

@@ -57,7 +57,7 @@ def is_sharded(model: Any) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def no_grad(model: Any) -> contextlib.AbstractContextManager:
+def inference_mode(model: Any) -> contextlib.AbstractContextManager:
     """Inference mode, except for a sharded model: FSDP's all-gathered weights would become
     inference tensors that a later training pass may not reuse."""
     return torch.no_grad() if is_sharded(model) else torch.inference_mode()

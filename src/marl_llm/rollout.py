@@ -184,7 +184,7 @@ class HFRollout:
         prompts = [encode_prompt(tok, r.message) for r in requests]
         adapters = [self.policies.agents[r.agent].adapter for r in requests]
         eos_ids = self.policies.eos_ids[k]
-        with fsdp.no_grad(model):
+        with fsdp.inference_mode(model):
             generated = decode(model, prompts, adapters, [r.sampling for r in requests], eos_ids, tok.pad_token_id,
                                row_keys=[r.key for r in requests])
         return [to_completion(tok, p, ids, eos_ids) for p, ids in zip(prompts, generated)]
