@@ -1,11 +1,13 @@
 """Checkpoints that hold everything needed to resume, written atomically, with a fallback.
 
-`<run_dir>/checkpoint.pt` holds the adapters, the optimizer states, the step, every RNG state,
-the resolved config, the W&B run id and how far the local logs had got. It is written to a
-temporary file in the same directory; then the previous checkpoint becomes `checkpoint.prev.pt`
-and the new one is renamed into place. A kill at any moment leaves at least one complete
-checkpoint, and a corrupt or partial `checkpoint.pt` (a bad copy, a full disk) is detected on
-resume, which then falls back to `checkpoint.prev.pt` and says so.
+`<run_dir>/checkpoint.pt` holds the adapters (with algo.lora=null: every policy's full weights,
+fp32 master weights as trained, under the same "adapters" key, marked by "weights": "full"), the
+optimizer states, the step, every RNG state, the resolved config, the W&B run id and how far the
+local logs had got. It is written to a temporary file in the same directory; then the previous
+checkpoint becomes `checkpoint.prev.pt` and the new one is renamed into place. A kill at any
+moment leaves at least one complete checkpoint, and a corrupt or partial `checkpoint.pt` (a bad
+copy, a full disk) is detected on resume, which then falls back to `checkpoint.prev.pt` and says
+so.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def save_checkpoint(run_dir: Path, cfg: DictConfig, policies: AgentPolicies, ste
     state = {
         "step": step,
         "adapters": policies.adapter_state(),
+        "weights": policies.kind,  # "lora" | "full" (algo.lora=null)
         "optimizers": policies.optimizer_state(),
         "algorithm": algorithm_state or {},
         "rng": rng_state(),
@@ -111,6 +114,12 @@ def load_checkpoint(run_dir: Path, policies: AgentPolicies, algorithm: Any = Non
         if main:
             print(f"[marl-llm] warning: {path} is {why}; resuming from {PREVIOUS} (step {previous['step']})", flush=True)
         ckpt, path = previous, run_dir / PREVIOUS
+    kind = ckpt.get("weights", "lora")  # checkpoints from before full fine-tuning hold adapters
+    if kind != policies.kind:
+        have, want = ("full weights (algo.lora=null)", "LoRA adapters") if kind == "full" else \
+            ("LoRA adapters", "full weights (algo.lora=null)")
+        raise UserError(f"{path} holds {have} but this config trains {want}; resume with the config the run was "
+                        "started with, or start a new run dir (hydra.run.dir=...)")
     try:
         policies.load_adapter_state(ckpt["adapters"])
         policies.load_optimizer_state(ckpt["optimizers"])

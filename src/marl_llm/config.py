@@ -39,6 +39,13 @@ class ModelConfig:
     # Heterogeneous agents: one base model per agent (each entry a local path, a hub id, or
     # "embedded"). Null: every agent is a LoRA adapter on ONE shared frozen base.
     agent_bases: Optional[List[str]] = None
+    # How a prompt message becomes ids: true = the tokenizer's chat template (an error when it has
+    # none), false = the raw text (how the CoMLRL writing and code trainers prompt), auto = the
+    # template when the tokenizer has one.
+    chat_template: Any = "auto"
+    # Extra variables for the chat template, checked against it: e.g. {enable_thinking: false}
+    # turns Qwen3's thinking mode off (as PettingLLMs does).
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------- sampling
@@ -46,7 +53,9 @@ class ModelConfig:
 class SamplingConfig:
     temperature: float = 0.7
     top_p: float = 0.9
-    top_k: int = 0
+    # 0: off. Null: the model's generation_config top_k (transformers' default 50 when the model
+    # sets none), which is what the reference trainers get by passing top_k=None to generate().
+    top_k: Optional[int] = 0
     max_new_tokens: int = 96
     # No end of sequence before this many tokens (0: off). Benchmarks set it to max_new_tokens so
     # every completion, step and system generates the same number of tokens.
@@ -73,9 +82,16 @@ class PolicyConfig:
     # An explicit map from agent name to policy name, e.g. {tool: coder, plan: coder}; agents
     # mapped to one name share its adapter. Overrides `adapters`; {}: off.
     policy_map: Dict[str, str] = field(default_factory=dict)
-    lora: LoraConfig = field(default_factory=LoraConfig)
+    # Null: full fine-tuning, each policy owns a full copy of the base (fp32 master weights).
+    lora: Optional[LoraConfig] = field(default_factory=LoraConfig)
     learning_rate: float = 5e-5
     weight_decay: float = 0.0
+    # Learning-rate schedule over trainer.max_steps, stepped once per trainer step: constant |
+    # cosine (verl's: linear warm-up from min_lr_ratio * lr over `warmup_steps`, then cosine decay
+    # to min_lr_ratio * lr at the last step).
+    lr_scheduler: str = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     # Per-agent overrides of `sampling`, keyed by agent name, e.g. {main: {temperature: 0.9}}.
     agent_sampling: Dict[str, Any] = field(default_factory=dict)
@@ -106,9 +122,20 @@ class MAGRPOConfig(PolicyConfig):
     num_turns: int = 2
     # Return of a node: r + discount * mean(children's returns).
     discount: float = 1.0
-    # A joint action whose (shifted) reward is >= this is not expanded in later turns. Null: off.
+    # Early termination threshold on shifted rewards (null: off), applied by `early_termination_rule`:
+    # joint_action: a joint action whose reward is >= the threshold is a leaf (marl-llm's);
+    # node_mean: a node whose G rewards have a mean > the threshold expands none of them (comlrl's).
     early_termination: Optional[float] = None
-    max_grad_norm: float = 1.0
+    early_termination_rule: str = "joint_action"
+    # Update granularity. Null: one optimizer step per trainer step over the whole step's tree.
+    # A number: comlrl's per-agent buffer of node samples (a node = the G siblings of one parent),
+    # filled in rollout order across trainer steps; when it holds rollout_buffer_size nodes it is
+    # drained turn by turn, each turn's nodes shuffled and cut into train_batch_size-node batches,
+    # one optimizer step each (null train_batch_size: = rollout_buffer_size).
+    rollout_buffer_size: Optional[int] = None
+    train_batch_size: Optional[int] = None
+    # Gradient-norm clipping (null: none, as in the reference).
+    max_grad_norm: Optional[float] = 1.0
     # seq_sum: the paper's sum of token log-probs per completion; token_mean: mean over all tokens.
     loss_aggregation: str = "seq_sum"
     # PPO ratio clipping (null: off, the paper's single on-policy step) and inner epochs.
@@ -137,7 +164,9 @@ class ATGRPOConfig(PolicyConfig):
     # Advantage (r - mean) / (std + eps) within a group; std unbiased (as in verl) or population.
     eps: float = 1.0e-6
     unbiased_std: bool = True
-    # Drop groups whose rewards are all equal (no signal), and/or the lowest-mean fraction of groups.
+    # Before the advantages: drop groups whose rewards are all equal (no signal), then in each
+    # trained model (one base with its LoRA adapters, or one fully fine-tuned policy) the
+    # int(n * frac) groups with the lowest mean score (PettingLLMs: filter_method=mean, 0.5).
     filter_zero_std: bool = False
     filter_low_mean_frac: float = 0.0
     learning_rate: float = 5.0e-6
@@ -197,13 +226,23 @@ class ActorCriticConfig(PolicyConfig):
     gae_lambda: float = 0.95
     # Per (agent, turn) over the batch; a group of one sample is left as is.
     normalize_advantages: bool = True
-    # End an episode once its (shifted) turn reward reaches this value (null: horizon / task success).
+    # End an episode once its (shifted) turn reward reaches this value (null: horizon / task success);
+    # node_mean: once it exceeds it (comlrl's `mean(rewards) > threshold`; one joint action per turn).
     early_termination: Optional[float] = None
+    early_termination_rule: str = "joint_action"
     # null: no importance ratio (the paper's actor loss); a value: PPO clipping, with ppo_epochs passes.
     clip_eps: Optional[float] = None
     ppo_epochs: int = 1
     # null: no gradient clipping (the reference).
     max_grad_norm: Optional[float] = None
+    # Update granularity. Null: one actor step per policy and one step per critic per trainer step,
+    # advantages normalized per (agent, turn) over the batch. A number: comlrl's per-agent buffer of
+    # turn samples, filled trajectory by trajectory across trainer steps and drained once it holds
+    # rollout_buffer_size samples: turn by turn, advantages normalized over the turn's samples, cut
+    # into train_batch_size batches, one actor step and one step of the agent's critic (CC: the
+    # shared one) per batch (null train_batch_size: = rollout_buffer_size).
+    rollout_buffer_size: Optional[int] = None
+    train_batch_size: Optional[int] = None
     loss_aggregation: str = "seq_sum"
     learning_rate: float = 5.0e-6
     weight_decay: float = 0.01
@@ -241,6 +280,16 @@ class DataConfig:
 
 
 @dataclass
+class CodeRewardConfig:
+    """Which aux/main code reward scores HumanEval / CoopHumanEval (docs/rewards_code.md)."""
+
+    # paper: the reference implementation's reward, harness quirks included
+    # (marl_llm.tasks.code_reward_paper); fixed: marl-llm's reward (marl_llm.tasks.code_reward),
+    # which runs every test of `check` and counts only asserts that exercise the candidate.
+    variant: str = "fixed"
+
+
+@dataclass
 class HumanEvalTaskConfig:
     name: str = "humaneval"
     # Paper split: train = test[33:163], eval = test[:32] (HumanEval/<i> numeric order). The
@@ -252,6 +301,7 @@ class HumanEvalTaskConfig:
     feedback: str = "detailed"
     # Training reward = task reward + shift (the paper trains on [-4, 0]).
     reward_shift: float = -4.0
+    reward: CodeRewardConfig = field(default_factory=CodeRewardConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
@@ -284,6 +334,10 @@ class WritingRewardConfig:
     # Transition term T over k categories found: linear (the reference code, 0.4 + 0.05 (k-1)) |
     # log (the papers' text, 0.4 + 0.6 ln k / ln 12).
     transition_form: str = "linear"
+    # fixed: the reward above (marl_llm.tasks.writing_reward) | paper: the reference trainer's
+    # reward reproduced exactly (marl_llm.tasks.writing_reward_paper; its own bands and lists, the
+    # fields above are ignored). Differences: docs/rewards_writing.md.
+    variant: str = "fixed"
 
 
 @dataclass
@@ -319,6 +373,11 @@ class GridGameTaskConfig:
     eval_seed: int = 100000
     num_eval_levels: int = 100
     reward_shift: float = 0.0
+    # Role (local) reward of a candidate whose move list cannot be used: the plan's `####` list
+    # missing, unparseable or empty; the tool's program missing, failed without moves, or printing
+    # no move list (a printed [] is a plan of no moves). Null: the moves' own reward (0 for none),
+    # which ranks it above an invalid move. PettingLLMs: -2.
+    unparseable_plan_reward: Optional[float] = None
     # The tool agent's programs run here (timeout per program).
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
@@ -462,10 +521,19 @@ def _choice(cfg: DictConfig, key: str, choices: tuple[str, ...]) -> None:
 def _check_sampling(key: str, s: Any) -> None:
     _check(s.get("temperature", 1.0) >= 0, f"{key}.temperature", "must be >= 0")
     _check(0 < s.get("top_p", 1.0) <= 1, f"{key}.top_p", "must be in (0, 1]")
-    _check(s.get("top_k", 0) >= 0, f"{key}.top_k", "must be >= 0 (0: off)")
+    _check(s.get("top_k", 0) is None or s.get("top_k", 0) >= 0, f"{key}.top_k",
+           "must be >= 0 (0: off) or null (the model's generation config)")
     _check(s.get("max_new_tokens", 1) >= 1, f"{key}.max_new_tokens", "must be >= 1")
     _check(0 <= s.get("min_new_tokens", 0) <= s.get("max_new_tokens", 1), f"{key}.min_new_tokens",
            "must be in [0, max_new_tokens]")
+
+
+def _check_buffer(a: Any) -> None:
+    """algo.rollout_buffer_size / train_batch_size (MAGRPO and the actor-critic algorithms)."""
+    for key in ("rollout_buffer_size", "train_batch_size"):
+        _check(a[key] is None or a[key] >= 1, f"algo.{key}", "must be >= 1 or null")
+    _check(a.train_batch_size is None or a.rollout_buffer_size is not None, "algo.train_batch_size",
+           "batches a buffer: set algo.rollout_buffer_size too (or train_batch_size=null)")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -485,8 +553,26 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "algo.adapters", ("per_agent", "shared"))
     _check(a.learning_rate > 0, "algo.learning_rate", f"{a.learning_rate} must be > 0")
     _check(a.weight_decay >= 0, "algo.weight_decay", "must be >= 0")
-    _check(a.lora.r >= 1, "algo.lora.r", "must be >= 1")
-    _check(len(a.lora.target_modules) > 0, "algo.lora.target_modules", "name at least one module")
+    if a.lora is not None:
+        _check(a.lora.r >= 1, "algo.lora.r", "must be >= 1")
+        _check(len(a.lora.target_modules) > 0, "algo.lora.target_modules", "name at least one module")
+    else:  # full fine-tuning (models.AgentPolicies): what assumes LoRA adapters is refused
+        _check(t.rollout == "hf", "trainer.rollout", "vllm serves LoRA adapters on one base, but algo.lora=null "
+               "fully fine-tunes every policy: use trainer.rollout=hf")
+        _check(not t.fsdp, "trainer.fsdp", "FSDP shards a frozen base under LoRA adapters, but algo.lora=null fully "
+               "fine-tunes every policy: set trainer.fsdp=false")
+        placement = OmegaConf.select(cfg, "algo.critic.placement")
+        _check(placement in (None, "separate"), "algo.critic.placement", f"{placement} puts the critic on the "
+               "actors' LoRA adapters, but algo.lora=null fully fine-tunes the actors: use algo.critic.placement=separate")
+    _choice(cfg, "algo.lr_scheduler", ("constant", "cosine"))
+    if "early_termination_rule" in a:
+        _choice(cfg, "algo.early_termination_rule", ("joint_action", "node_mean"))
+    _check(a.warmup_steps >= 0, "algo.warmup_steps", "must be >= 0")
+    _check(0.0 <= a.min_lr_ratio <= 1.0, "algo.min_lr_ratio", "must be in [0, 1]")
+    ct = cfg.model.chat_template
+    _check(ct in ("auto", True, False), "model.chat_template", f"{ct!r} is not one of auto, true, false")
+    _check(ct is not False or not cfg.model.chat_template_kwargs, "model.chat_template_kwargs",
+           "template options need the chat template: set model.chat_template=true or drop the options")
     _check_sampling("algo.sampling", a.sampling)
     for agent, over in a.agent_sampling.items():
         _check(isinstance(over, (dict, DictConfig)), f"algo.agent_sampling.{agent}", "must be a mapping")
@@ -506,7 +592,10 @@ def validate(cfg: DictConfig) -> None:
         _check(a.joint_mode == "align" or a.num_turns == 1, "algo.joint_mode",
                "cross is single-turn (G^N joint actions per node): set algo.num_turns=1 or algo.joint_mode=align")
         _check(0.0 <= a.discount <= 1.0, "algo.discount", "must be in [0, 1]")
-        _check(a.max_grad_norm > 0, "algo.max_grad_norm", "must be > 0")
+        _check(a.max_grad_norm is None or a.max_grad_norm > 0, "algo.max_grad_norm", "must be > 0 or null")
+        _check_buffer(a)
+        _check(a.rollout_buffer_size is None or a.joint_mode == "align", "algo.rollout_buffer_size",
+               "the node buffer is for align trees: set algo.joint_mode=align or algo.rollout_buffer_size=null")
         _check(a.clip_eps is None or a.clip_eps > 0, "algo.clip_eps", "must be > 0 or null")
         _check(a.ppo_epochs >= 1, "algo.ppo_epochs", "must be >= 1")
         _check(a.ppo_epochs == 1 or a.clip_eps is not None, "algo.ppo_epochs",
@@ -538,6 +627,7 @@ def validate(cfg: DictConfig) -> None:
         _check(a.ppo_epochs >= 1, "algo.ppo_epochs", "must be >= 1")
         _check(a.ppo_epochs == 1 or a.clip_eps is not None, "algo.ppo_epochs",
                "several inner epochs need ratio clipping: set algo.clip_eps (e.g. 0.2)")
+        _check_buffer(a)
         for key, v in (("algo.max_grad_norm", a.max_grad_norm), ("algo.critic.max_grad_norm", c.max_grad_norm),
                        ("algo.critic.value_clip", c.value_clip)):
             _check(v is None or v > 0, key, "must be > 0 or null")
@@ -555,6 +645,8 @@ def validate(cfg: DictConfig) -> None:
             from marl_llm.tasks.data import parse_split  # noqa: PLC0415  (light module, no heavy deps)
 
             parse_split(cfg.task.data[key], f"task.data.{key}")
+    if "reward" in cfg.task and "variant" in cfg.task.reward:
+        _choice(cfg, "task.reward.variant", ("paper", "fixed"))
     if "reward" in cfg.task and "words" in cfg.task.reward:
         r = cfg.task.reward
         _choice(cfg, "task.reward.transitions_in", ("second", "both"))

@@ -52,6 +52,9 @@ class JointTree:
 
 
 NextPrompts = Callable[[Problem, list[list[Turn]], JointReward], list[str]]
+# Early termination: given a sibling group (the joint actions sampled under one parent), which of
+# them are not expanded in later turns.
+Terminate = Callable[[list[JointNode]], list[bool]]
 
 
 def collect_tree(
@@ -61,7 +64,7 @@ def collect_tree(
     widths: list[int],
     sampling: list[SamplingParams],
     joint_mode: str = "align",
-    terminate: Callable[[JointNode], bool] | None = None,
+    terminate: Terminate | None = None,
     order: str = "parallel",
     next_prompts: NextPrompts | None = None,
     expand: Callable[[list[JointNode]], list[JointNode]] | None = None,
@@ -108,8 +111,10 @@ def collect_tree(
                 for i in group:
                     samples[f][i] = [next(completions) for _ in range(width)]
         nodes: list[JointNode] = []
+        groups: list[slice] = []  # each parent's children (a sibling group) in `nodes`
         node_keys: dict[int, int | None] = {}
         for f, (b, parent, _, hist, key) in enumerate(frontier):
+            first = len(nodes)
             choices = (itertools.product(range(width), repeat=n_agents) if joint_mode == "cross"
                        else ((g,) * n_agents for g in range(width)))
             for choice in choices:
@@ -118,10 +123,15 @@ def collect_tree(
                 histories = [hist[i] + [Turn(msgs[i], comps[i].text)] for i in range(n_agents)]
                 nodes.append(JointNode(b, t, parent, msgs, comps, tuple(choice), histories=histories))
                 node_keys[id(nodes[-1])] = sample_key(key, t, *choice)
+            groups.append(slice(first, len(nodes)))
         rewards = task.history_rewards([problems[n.problem] for n in nodes], [n.histories for n in nodes])
         for n, r in zip(nodes, rewards):
             n.reward = r
-            n.terminated = t == len(widths) - 1 or r.done or (terminate is not None and terminate(n))
+            n.terminated = t == len(widths) - 1 or r.done
+        if terminate is not None:
+            for group in groups:
+                for n, stop in zip(nodes[group], terminate(nodes[group])):
+                    n.terminated = n.terminated or stop
         turns.append(nodes)
         keep = [n for n in nodes if not n.terminated]
         if expand is not None:

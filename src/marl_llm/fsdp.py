@@ -40,6 +40,9 @@ def check_supported(cfg: Any) -> None:
     """The settings FSDP cannot run with, refused before any model loads."""
     if not cfg.trainer.fsdp:
         return
+    if "lora" in cfg.algo and cfg.algo.lora is None:
+        raise UserError("trainer.fsdp=true shards a frozen base under LoRA adapters, but algo.lora=null fully "
+                        "fine-tunes every policy: set trainer.fsdp=false (or train LoRA adapters: algo.lora.r=...)")
     if cfg.trainer.rollout != "hf":
         raise UserError(f"trainer.fsdp=true needs trainer.rollout=hf: the {cfg.trainer.rollout} backend keeps its own "
                         "whole copy of the base (set trainer.fsdp=false, or trainer.rollout=hf)")

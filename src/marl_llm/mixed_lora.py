@@ -11,7 +11,8 @@ row mask [rows, 1, n*r] keeps each row's own block:
 
 Two small matmuls per layer, whatever the number of agents. Exact for vanilla LoRA (no DoRA or
 other variants, no LoRA bias, no dropout at inference); a model with any other LoRA layer keeps
-peft's own mixed-batch path (`MixedLoRA.supported`).
+peft's own mixed-batch path (`MixedLoRA.supported`). A fully fine-tuned policy (algo.lora=null)
+is its own model: it has no LoRA layers and never comes here (`has_adapters`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ import types
 from typing import Any
 
 import torch
+
+
+def has_adapters(model) -> bool:
+    """A peft model (LoRA agents); False for a fully fine-tuned policy (algo.lora=null), a plain
+    transformers model that is its policy: no adapter to set, nothing to mix."""
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
 
 
 def _lora_linears(model) -> list[Any]:
@@ -48,6 +57,8 @@ class MixedLoRA:
         """Every LoRA layer is a vanilla peft Linear holding all these adapters, unmerged."""
         from peft.tuners.lora import Linear
 
+        if not has_adapters(model):
+            return False
         layers = _lora_linears(model)
         return bool(layers) and all(
             type(m) is Linear and not m.merged and not m.fan_in_fan_out

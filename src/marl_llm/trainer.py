@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from marl_llm import distributed, fsdp
 from marl_llm.algos import algorithm_class, build_algorithm
+from marl_llm.algos.update import lr_schedulers
 from marl_llm.atomic import atomic_write_text
 from marl_llm.checkpoint import load_checkpoint, save_checkpoint
 from marl_llm.config import UserError, validate
@@ -48,6 +49,9 @@ def quiet_libraries() -> None:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)\.")
+    # A buffered update (algo.rollout_buffer_size) may take no optimizer step in a trainer step,
+    # whose LR schedule still advances: intended, so torch's order warning is noise.
+    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
 
 
 def seed_everything(seed: int) -> None:
@@ -68,6 +72,14 @@ def batch_for_step(problems: list[Problem], step: int, size: int, seed: int) -> 
         order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
         out.append(dataclasses.replace(problems[int(order[pos])], sample_key=sample_key(seed, k)))
     return out
+
+
+def ends_epoch(step: int, size: int, num_problems: int, max_steps: int) -> bool:
+    """Does trainer step `step` (draws step*size .. (step+1)*size - 1, batch_for_step) finish a pass
+    over the training set? The run's last step counts as one, so no held-back sample is left."""
+    if step + 1 == max_steps:
+        return True
+    return num_problems > 0 and ((step + 1) * size) // num_problems > (step * size) // num_problems
 
 
 def peak_rss_gib() -> float:
@@ -99,6 +111,8 @@ class Setup:
     eval_set: list[Problem]
     max_steps: int
     sharding: str | None = None  # what FSDP left on each rank (trainer.fsdp), to print
+    # algo.lr_scheduler, stepped once per trainer step (train() rebuilds them after a resume).
+    schedulers: list = dataclasses.field(default_factory=list)
 
 
 def build(cfg: DictConfig, task: Any = None) -> Setup:
@@ -135,7 +149,8 @@ def build(cfg: DictConfig, task: Any = None) -> Setup:
     algo = build_algorithm(cfg.algo, task, policies, rollout, tc.completions_per_micro_batch)
     # After the algorithm: its critics add adapters, and FSDP fixes the parameters it manages.
     sharding = fsdp.shard_policies(policies) if sharded else None
-    return Setup(task, policies, rollout, algo, train_set, eval_set, max_steps, sharding)
+    schedulers = lr_schedulers(list(policies.optimizers.values()), cfg.algo, max_steps)
+    return Setup(task, policies, rollout, algo, train_set, eval_set, max_steps, sharding, schedulers)
 
 
 def train_step(run: Setup, cfg: DictConfig, step: int,
@@ -151,7 +166,10 @@ def train_step(run: Setup, cfg: DictConfig, step: int,
     tree = algo.collect(problems)
     t_rollout = time.perf_counter()
     batches = algo.advantages(tree)
-    stats = algo.update(batches)
+    stats = algo.update(batches, end_of_epoch=ends_epoch(step, cfg.trainer.prompts_per_step, len(run.train_set),
+                                                         run.max_steps))
+    for sched in run.schedulers:
+        sched.step()
     run.rollout.update_weights()
     t_end = time.perf_counter()
 
@@ -210,6 +228,7 @@ def train(cfg: DictConfig) -> float:
         ckpt = load_checkpoint(run_dir, policies, algo, main=w.is_main)
         if ckpt is not None:
             start_step, wandb_id = ckpt["step"], ckpt["wandb_id"]
+            run.schedulers = lr_schedulers(list(policies.optimizers.values()), cfg.algo, max_steps, start_step)
             say(f"resumed from {ckpt['path']} at step {start_step}")
     distributed.broadcast_parameters(policies.trainable_parameters())
     logger = RunLogger(cfg, run_dir, wandb_id) if w.is_main else NullLogger()

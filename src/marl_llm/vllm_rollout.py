@@ -22,7 +22,8 @@ import torch
 
 from marl_llm.config import UserError
 from marl_llm.models import AgentPolicies
-from marl_llm.rollout import Completion, GenRequest, encode_prompt, to_completion
+from marl_llm.prompting import encode_prompt
+from marl_llm.rollout import Completion, GenRequest, to_completion
 
 INSTALL = ("trainer.rollout=vllm needs vLLM on a CUDA machine (pip install vllm); without it use "
            "trainer.rollout=hf (the default)")
@@ -60,6 +61,9 @@ class VLLMRollout:
     """Generation with vLLM, one LoRA slot per agent adapter; adapters synced after each update."""
 
     def __init__(self, policies: AgentPolicies, gpu_memory_utilization: float = 0.4):
+        if policies.full:
+            raise UserError("trainer.rollout=vllm serves LoRA adapters on one base, but algo.lora=null fully "
+                            "fine-tunes every policy: use trainer.rollout=hf")
         vllm = require_vllm()
         if len(policies.models) > 1:
             raise UserError("trainer.rollout=vllm serves one base model: unset model.agent_bases or use trainer.rollout=hf")

@@ -15,6 +15,15 @@ Advantage in a group: A = (r - mean) / (std + eps) (unbiased std, as verl). Loss
 surrogate, token-mean, `ppo_epochs` passes in mini-batches (marl_llm.algos.update). Each sample
 updates the policy its agent maps to (`adapters` / `policy_map`), and only that one.
 
+Group filter (`filter_low_mean_frac`, PettingLLMs' filter_method=mean with filter_ratio): before
+any advantage is computed, the groups of one step are ranked by the mean of their K scores and the
+lowest int(n * frac) are dropped whole (stable sort: on a tie the group collected first goes first).
+Groups compete within one trained model, as the reference filters each verl trainer's batch on
+its own: LoRA adapters on one base are one model (its shared-LoRA and per-agent-LoRA modes run one
+trainer), while with full fine-tuning (algo.lora=null) every policy is its own model. No group is
+dropped for zero std unless `filter_zero_std` (then before the mean ranking; the reference's mean
+filter keeps them, and their advantages are 0).
+
 Fixed relative to the public code (each tested): group keys use a unique environment id (the
 code's env_idx // K merged K environments into one group); stepping, scoring and prompting use
 one state object; per-role adapters each get their own samples (the code trained the first
@@ -24,6 +33,7 @@ adapter for every agent); a move-cap timeout is not a success; tool programs run
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
@@ -51,13 +61,20 @@ def group_advantages(scores: list[float], eps: float, unbiased: bool) -> list[fl
     return ((r - r.mean()) / (std + eps)).tolist()
 
 
-def filter_groups(groups: list[CandidateGroup], zero_std: bool, low_mean_frac: float) -> list[CandidateGroup]:
-    """Drop groups without signal (all scores equal) and/or the lowest-mean fraction of groups."""
+def filter_groups(groups: list[CandidateGroup], zero_std: bool, low_mean_frac: float,
+                  pool: Callable[[CandidateGroup], Hashable] | None = None) -> list[CandidateGroup]:
+    """Drop groups without signal (all scores equal, if `zero_std`), then in each pool (groups with
+    the same `pool(group)`; None: one pool) the int(n * low_mean_frac) groups with the lowest mean
+    score, ties in collection order. The kept groups keep their order."""
     kept = [g for g in groups if not (zero_std and max(g.scores) == min(g.scores))]
     if low_mean_frac > 0 and kept:
-        drop = int(len(kept) * low_mean_frac)
-        by_mean = sorted(kept, key=lambda g: sum(g.scores) / len(g.scores))
-        dropped = {id(g) for g in by_mean[:drop]}
+        pools: dict[Hashable, list[CandidateGroup]] = {}
+        for g in kept:
+            pools.setdefault(None if pool is None else pool(g), []).append(g)
+        dropped: set[int] = set()
+        for members in pools.values():
+            by_mean = sorted(members, key=lambda g: sum(g.scores) / len(g.scores))  # stable: ties keep order
+            dropped |= {id(g) for g in by_mean[:int(len(members) * low_mean_frac)]}
         kept = [g for g in kept if id(g) not in dropped]
     return kept
 
@@ -130,15 +147,24 @@ class ATGRPO(Algorithm):
         if final and all(n.reward.passed is not None for n in final):
             out[self.task.success_metric] = mean([float(bool(n.reward.passed)) for n in final])
         out.update(level_metrics(final))
-        a = self.cfg
         out["groups"] = float(len(tree.groups))
-        out["groups_kept"] = float(len(filter_groups(tree.groups, a.filter_zero_std, a.filter_low_mean_frac)))
+        out["groups_kept"] = float(len(self.kept_groups(tree)))
         return out
 
     # ------------------------------------------------------------------------------ advantages
+    def filter_pool(self, group: CandidateGroup) -> Hashable:
+        """The model whose groups `group` is ranked with in the low-mean filter: its agent's model
+        index (with LoRA all adapters on one base share it; with full fine-tuning each policy is
+        its own model)."""
+        return self.policies.agents[group.key[1]].model_index
+
+    def kept_groups(self, tree: ATTree) -> list[CandidateGroup]:
+        a = self.cfg
+        return filter_groups(tree.groups, a.filter_zero_std, a.filter_low_mean_frac, self.filter_pool)
+
     def advantages(self, tree: ATTree) -> list[AgentBatch]:
         a = self.cfg
-        groups = filter_groups(tree.groups, a.filter_zero_std, a.filter_low_mean_frac)
+        groups = self.kept_groups(tree)  # before any advantage: a dropped group's samples count nowhere
         batches = [AgentBatch(i) for i in range(self.task.num_agents)]
         advs: list[list[float]] = [[] for _ in batches]
         for g in groups:
@@ -151,7 +177,7 @@ class ATGRPO(Algorithm):
         return batches
 
     # ---------------------------------------------------------------------------------- update
-    def update(self, batches: list[AgentBatch]) -> dict[str, float]:
+    def update(self, batches: list[AgentBatch], end_of_epoch: bool = False) -> dict[str, float]:
         a = self.cfg
         stats: dict[str, float] = {}
         for key in self.policies.trainable_adapters():

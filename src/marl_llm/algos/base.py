@@ -8,13 +8,14 @@ The trainer calls, once per step:
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from marl_llm.episodes import JointNode, JointTree, collect_tree
+from marl_llm.episodes import JointNode, JointTree, Terminate, collect_tree
 from marl_llm.models import AgentPolicies
 from marl_llm.registry import registrar
 from marl_llm.rollout import Completion, Rollout, SamplingParams
@@ -38,6 +39,9 @@ class AgentBatch:
     turns: list[int] = field(default_factory=list)
     # Per-sample KL(policy || reference), when the algorithm computed it before the update.
     kl: torch.Tensor | None = None
+    # Sample indices of each sibling group (one parent's G joint actions), in rollout order
+    # (MAGRPO's buffered update takes them as comlrl's node samples); None where not grouped.
+    groups: list[list[int]] | None = None
 
 
 class Algorithm(ABC):
@@ -63,8 +67,11 @@ class Algorithm(ABC):
     def agent_sampling(self) -> list[SamplingParams]:
         """Each agent's sampling settings: algo.sampling with algo.agent_sampling.<agent> on top."""
         over = self.cfg.get("agent_sampling") or {}
-        return [SamplingParams.from_cfg(self.cfg.sampling, **dict(over.get(name, {})))
-                for name in self.task.agent_names]
+        params = [SamplingParams.from_cfg(self.cfg.sampling, **dict(over.get(name, {})))
+                  for name in self.task.agent_names]
+        return [p if p.top_k is not None else dataclasses.replace(
+                    p, top_k=generation_default_top_k(self.policies.models[self.policies.agents[i].model_index]))
+                for i, p in enumerate(params)]
 
     @property
     def eval_turns(self) -> int:
@@ -73,16 +80,23 @@ class Algorithm(ABC):
             return self.task.num_turns
         return int(self.cfg.get("num_turns", 1))
 
-    def early_stop(self) -> Callable[[JointNode], bool] | None:
-        """algo.early_termination: end an episode once a joint action's shifted reward reaches it."""
+    def early_stop(self) -> Terminate | None:
+        """algo.early_termination on shifted rewards, by algo.early_termination_rule: joint_action
+        (default) ends each joint action whose reward reaches the threshold; node_mean (comlrl's)
+        expands none of a sibling group whose mean reward exceeds it."""
         threshold = self.cfg.get("early_termination")
         if threshold is None:
             return None
         shift = self.task.cfg.reward_shift
-        return lambda node: node.reward.total + shift >= threshold
+        if self.cfg.get("early_termination_rule", "joint_action") == "node_mean":
+            def node_mean(group: list[JointNode]) -> list[bool]:
+                mean = sum(n.reward.total + shift for n in group) / len(group)
+                return [mean > threshold] * len(group)
+            return node_mean
+        return lambda group: [n.reward.total + shift >= threshold for n in group]
 
     def rollout_tree(self, problems: list[Problem], widths: list[int], sampling: list[SamplingParams],
-                     terminate: Callable[[JointNode], bool] | None = None, joint_mode: str = "align") -> JointTree:
+                     terminate: Terminate | None = None, joint_mode: str = "align") -> JointTree:
         """The algorithm's joint rollout, shared by training and evaluation (baselines override it).
         Turn-based tasks fork episodes instead (marl_llm.tasks.turn_based.collect_episode_tree)."""
         if isinstance(self.task, TurnTask):
@@ -102,8 +116,10 @@ class Algorithm(ABC):
         """Per agent, its samples of the tree with their advantages."""
 
     @abstractmethod
-    def update(self, batches: list[AgentBatch]) -> dict[str, float]:
-        """One update of every trainable adapter; returns metrics (TRL names, agent segments)."""
+    def update(self, batches: list[AgentBatch], end_of_epoch: bool = False) -> dict[str, float]:
+        """Update every trainable policy; returns metrics (TRL names, agent segments).
+        end_of_epoch: this trainer step finished a pass over the training set (an algorithm that
+        holds samples back, e.g. MAGRPO's update buffer, trains on all of them now)."""
 
     # Training state beyond the agents' adapters and optimizers (critics, ...), for checkpoints.
     def state_dict(self) -> dict[str, Any]:
@@ -111,6 +127,16 @@ class Algorithm(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+def generation_default_top_k(model) -> int:
+    """The top_k generate() samples with when the caller passes none: the model's generation
+    config, else transformers' global default (50)."""
+    top_k = getattr(model.generation_config, "top_k", None)
+    if top_k is None:
+        defaults = getattr(model.generation_config, "_get_default_generation_params", lambda: {})()
+        top_k = defaults.get("top_k", 50)
+    return int(top_k)
 
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}

@@ -15,11 +15,11 @@ every algorithm) and runs no training step.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.magrpo import MAGRPO
-from marl_llm.episodes import JointNode, JointTree, collect_tree
+from marl_llm.episodes import JointTree, Terminate, collect_tree
 from marl_llm.rollout import SamplingParams
 from marl_llm.config import UserError
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn
@@ -77,21 +77,21 @@ class PromptOnly(Algorithm):
     def advantages(self, tree: JointTree) -> list[AgentBatch]:
         raise RuntimeError(f"algo={self.cfg.name} is evaluation-only")
 
-    def update(self, batches: list[AgentBatch]) -> dict[str, float]:
+    def update(self, batches: list[AgentBatch], end_of_epoch: bool = False) -> dict[str, float]:
         raise RuntimeError(f"algo={self.cfg.name} is evaluation-only")
 
 
 @register_algorithm("parallel")
 class Parallel(PromptOnly):
     def rollout_tree(self, problems: list[Problem], widths: list[int], sampling: list[SamplingParams],
-                     terminate: Callable[[JointNode], bool] | None = None, joint_mode: str = "align") -> JointTree:
+                     terminate: Terminate | None = None, joint_mode: str = "align") -> JointTree:
         return collect_tree(self.task, self.rollout.generate, problems, widths[:1], sampling)
 
 
 @register_algorithm("sequential")
 class Sequential(PromptOnly):
     def rollout_tree(self, problems: list[Problem], widths: list[int], sampling: list[SamplingParams],
-                     terminate: Callable[[JointNode], bool] | None = None, joint_mode: str = "align") -> JointTree:
+                     terminate: Terminate | None = None, joint_mode: str = "align") -> JointTree:
         return collect_tree(self.task, self.rollout.generate, problems, widths[:1], sampling, order="sequential")
 
 
@@ -102,7 +102,7 @@ class Discussion(PromptOnly):
         return 2  # draft, then revise after seeing the others' drafts
 
     def rollout_tree(self, problems: list[Problem], widths: list[int], sampling: list[SamplingParams],
-                     terminate: Callable[[JointNode], bool] | None = None, joint_mode: str = "align") -> JointTree:
+                     terminate: Terminate | None = None, joint_mode: str = "align") -> JointTree:
         task = self.task
 
         def revise(problem: Problem, histories: list[list[Turn]], reward: JointReward) -> list[str]:

@@ -21,7 +21,12 @@ Per trajectory of T turns with team rewards r_t and the values recorded at colle
 Advantages are normalized per (agent, turn) over the batch (a single sample is left as is).
 Actor i: -A * sum_t log pi_i(a_t | h_t) over its completion tokens, no importance ratio
 (clip_eps + ppo_epochs: PPO clipping). Critic: loss_coef * mean((y - V)^2), one optimizer step
-per batch (the reference steps the shared critic once per agent on the same data).
+per batch.
+
+With algo.rollout_buffer_size the granularity is comlrl's (marl_llm.algos.buffer): each agent's
+turn samples wait in its buffer, trajectory by trajectory; a full buffer is drained turn by turn,
+advantages normalized over the turn's samples (population std, at least 1e-6), one actor step and
+one step of that agent's critic (CC: the shared critic, so once per agent) per batch.
 """
 
 from __future__ import annotations
@@ -32,13 +37,16 @@ from typing import Any, ClassVar
 import torch
 
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
+from marl_llm.algos.buffer import BufferedSample, SampleBuffer, merge_update_stats
 from marl_llm.algos.critic import Critic, ValueHead
 from marl_llm.algos.returns import gae, normalize_per_group, td0
 from marl_llm.algos.update import UpdateSettings, policy_update
+from marl_llm.config import UserError
+from marl_llm.distributed import world
 from marl_llm.episodes import JointNode, JointTree
 from marl_llm.evaluation import reward_metrics
 from marl_llm.models import load_base, lora_weights
-from marl_llm.rollout import encode_prompt
+from marl_llm.prompting import encode_prompt
 from marl_llm.tasks.base import Problem
 
 
@@ -85,11 +93,23 @@ class ActorCritic(Algorithm):
         self.owners: list[int | None] = [None] if self.centralized else list(range(task.num_agents))
         self.critics = [self._build_critic(owner) for owner in self.owners]
         self._critic_batches: list[CriticBatch] = []
+        self.buffer: SampleBuffer | None = None
+        if cfg.get("rollout_buffer_size") is not None:
+            if world().size > 1:
+                raise UserError("algo.rollout_buffer_size (comlrl's per-agent buffer) runs on one process: set "
+                                "algo.rollout_buffer_size=null for data-parallel runs")
+            self.buffer = SampleBuffer(cfg.rollout_buffer_size, cfg.train_batch_size, policies.seed)
+        # The step's trajectories as (first sample, length) in the turn-major sample order of
+        # advantages(): the buffered update feeds them trajectory by trajectory.
+        self._chains: list[tuple[int, int]] = []
 
     def _build_critic(self, owner: int | None) -> Critic:
         c, p = self.cfg.critic, self.policies
         k = 0 if owner is None else p.agents[owner].model_index
         name = "critic" if owner is None else f"critic_{self.task.agent_names[owner]}"
+        if p.full and c.placement != "separate":
+            raise UserError(f"algo.critic.placement={c.placement} puts the critic on the actors' LoRA adapters, but "
+                            "algo.lora=null fully fine-tunes the actors: use algo.critic.placement=separate")
         model, adapter = p.models[k], None
         if c.placement == "adapter":
             adapter, trunk = name, p.add_adapter(k, name)
@@ -155,18 +175,25 @@ class ActorCritic(Algorithm):
             for i in (range(n_agents) if owner is None else [owner]):
                 agent_adv[i] = adv
         turns = [n.turn for n in nodes]
+        starts = [0]
+        for chain in chains[:-1]:
+            starts.append(starts[-1] + len(chain))
+        self._chains = list(zip(starts, [len(c) for c in chains]))
         batches = []
         for i, adv in enumerate(agent_adv):
-            if a.normalize_advantages:
+            # Buffered: normalized when drained, over the turn's samples in the buffer.
+            if a.normalize_advantages and self.buffer is None:
                 adv = normalize_per_group(adv, [(i, t) for t in turns])
             batches.append(AgentBatch(i, [n.completions[i] for n in nodes], adv.float(), list(turns)))
         return batches
 
     # -------------------------------------------------------------------------------- update
-    def update(self, batches: list[AgentBatch]) -> dict[str, float]:
+    def update(self, batches: list[AgentBatch], end_of_epoch: bool = False) -> dict[str, float]:
+        if self.buffer is not None:
+            return self._buffered_update(batches, end_of_epoch)
         a = self.cfg
         settings = UpdateSettings(epochs=a.ppo_epochs, clip_eps=a.clip_eps, aggregation=a.loss_aggregation,
-                                  max_grad_norm=float("inf") if a.max_grad_norm is None else a.max_grad_norm)
+                                  max_grad_norm=a.max_grad_norm)
         stats: dict[str, float] = {}
         for key in self.policies.trainable_adapters():
             agents = self.policies.agents_of(key)
@@ -189,13 +216,84 @@ class ActorCritic(Algorithm):
         self._critic_batches = []
         return stats
 
+    def _buffered_update(self, batches: list[AgentBatch], end_of_epoch: bool) -> dict[str, float]:
+        """comlrl's granularity: after each trajectory, every agent's turn samples join its
+        buffer; full buffers are drained (marl_llm.algos.buffer). A sample carries its critic's
+        input, TD target and collection-time value, so the critic steps on the same batch."""
+        assert self.buffer is not None
+        a, policies = self.cfg, self.policies
+        settings = UpdateSettings(epochs=a.ppo_epochs, clip_eps=a.clip_eps, aggregation=a.loss_aggregation,
+                                  max_grad_norm=a.max_grad_norm)
+        actor_parts: dict[int, list[dict[str, float]]] = {i: [] for i in range(len(batches))}
+        critic_parts: dict[int, list[dict[str, float]]] = {j: [] for j in range(len(self.critics))}
+        n_agents = len(batches)
+
+        def drain(i: int) -> None:
+            groups = self.buffer.drain(i)
+            for turn in dict.fromkeys(g[0].turn for g in groups):
+                same = [g for g in groups if g[0].turn == turn]
+                adv = torch.cat([s.advantages for g in same for s in g]).double()
+                if a.normalize_advantages and len(adv) > 1:  # comlrl: population std, at least 1e-6
+                    adv = (adv - adv.mean()) / adv.std(unbiased=False).clamp_min(1e-6)
+                start = 0
+                for g in same:
+                    key = (policies.agents[i].model_index, policies.agents[i].adapter)
+                    part = policy_update(policies, i, key, [s.completions[0] for s in g],
+                                         adv[start:start + len(g)].float(), settings, self.micro_batch_size)
+                    actor_parts[i].append(part)
+                    start += len(g)
+                    j = 0 if self.centralized else i
+                    x = [s.extra for s in g]
+                    comps = None if x[0]["critic_completion"] is None else [e["critic_completion"] for e in x]
+                    critic_parts[j].append(self.critics[j].update(
+                        [e["critic_prompt"] for e in x], comps, torch.tensor([e["target"] for e in x]),
+                        torch.tensor([e["old_value"] for e in x])))
+
+        for start, length in self._chains:
+            full = []
+            for i in range(n_agents):
+                cb = self._critic_batches[0 if self.centralized else i]
+                for j in range(start, start + length):
+                    extra = {"critic_prompt": cb.prompts[j],
+                             "critic_completion": None if cb.completions is None else cb.completions[j],
+                             "target": float(cb.targets[j]), "old_value": float(cb.old_values[j])}
+                    sample = BufferedSample(batches[i].turns[j], [batches[i].completions[j]],
+                                            batches[i].advantages[j:j + 1], extra)
+                    if self.buffer.push(i, sample):
+                        full.append(i)
+            for i in dict.fromkeys(full):
+                drain(i)
+        if end_of_epoch:
+            for i in self.buffer.pending():
+                drain(i)
+        self._critic_batches = []
+        stats: dict[str, float] = {}
+        by_policy: dict[tuple[int, str], list[dict[str, float]]] = {}
+        for i, parts in actor_parts.items():
+            by_policy.setdefault((policies.agents[i].model_index, policies.agents[i].adapter), []).extend(parts)
+        for key, parts in by_policy.items():
+            label = policies.policy_label(key)
+            stats.update({f"{label}/{k}": v for k, v in merge_update_stats(parts).items()})
+            stats[f"{label}/optimizer_steps"] = float(len(parts))
+        for j, owner in enumerate(self.owners):
+            prefix = "critic" if owner is None else f"{self.task.agent_names[owner]}/critic"
+            merged = merge_update_stats(critic_parts[j])
+            stats.update({f"{prefix}/{k}": v for k, v in merged.items()})
+            stats[f"{prefix}/optimizer_steps"] = float(len(critic_parts[j]))
+        return stats
+
     # ---------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:
-        return {"critics": {c.name: c.state_dict() for c in self.critics}}
+        state: dict[str, Any] = {"critics": {c.name: c.state_dict() for c in self.critics}}
+        if self.buffer is not None:
+            state["buffer"] = self.buffer.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for c in self.critics:
             c.load_state_dict(state["critics"][c.name])
+        if self.buffer is not None and "buffer" in state:
+            self.buffer.load_state_dict(state["buffer"])
 
 
 @register_algorithm("collm_cc")

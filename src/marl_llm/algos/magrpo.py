@@ -4,7 +4,12 @@ Agents act in parallel on their own prompts; one team reward scores each joint a
 agent's advantage is group-relative over the G joint actions that share a parent history
 (align) or over its G samples with the other agents marginalized out (cross). Multi-turn
 rollouts are trees with G^T leaves; a node's return is r + discount * mean(children's returns).
-The default preset is the paper's: summed token log-probs, one on-policy step, no KL, no clip.
+The default preset is the paper's: summed token log-probs, no KL, no clip.
+
+Update granularity: by default one optimizer step per policy per trainer step, over the whole
+step's tree. With algo.rollout_buffer_size, comlrl's: each sibling group (a node) is one sample
+of a per-policy buffer drained turn by turn (marl_llm.algos.buffer), so the number and make-up of
+optimizer steps per prompt are the reference's.
 """
 
 from __future__ import annotations
@@ -13,8 +18,11 @@ import torch
 
 from marl_llm.algos.advantages import per_agent_advantages, tree_advantages
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
+from marl_llm.algos.buffer import BufferedSample, SampleBuffer, merge_update_stats
 from marl_llm.algos.losses import k3_kl
 from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
+from marl_llm.config import UserError
+from marl_llm.distributed import world
 from marl_llm.episodes import JointTree
 from marl_llm.rollout import Completion, completion_logprobs
 from marl_llm.tasks.base import Problem
@@ -24,6 +32,15 @@ from marl_llm.tasks.base import Problem
 class MAGRPO(Algorithm):
     # On a turn-based task (Sokoban, Plan-Path) every node forks the episode G times.
     supports_turn_tasks = True
+
+    def __init__(self, cfg, task, policies, rollout, micro_batch_size: int = 8):
+        super().__init__(cfg, task, policies, rollout, micro_batch_size)
+        self.buffer: SampleBuffer | None = None
+        if cfg.get("rollout_buffer_size") is not None:
+            if world().size > 1:
+                raise UserError("algo.rollout_buffer_size (comlrl's per-agent buffer) runs on one process: set "
+                                "algo.rollout_buffer_size=null for data-parallel runs")
+            self.buffer = SampleBuffer(cfg.rollout_buffer_size, cfg.train_batch_size, policies.seed)
 
     def collect(self, problems: list[Problem]) -> JointTree:
         a = self.cfg
@@ -64,12 +81,14 @@ class MAGRPO(Algorithm):
                 advs = tree_advantages(agent_rewards[i], parents, a.discount, a.baseline, a.normalize_advantages)
                 for t, turn in enumerate(tree.turns):
                     rows[i].extend((n.completions[i], adv, t) for n, adv in zip(turn, advs[t].tolist()))
+        groups = sibling_groups(tree) if a.joint_mode != "cross" else None
         return [AgentBatch(i, [c for c, _, _ in r], torch.tensor([v for _, v, _ in r], dtype=torch.float32),
-                           [t for _, _, t in r], agent_kl[i]) for i, r in enumerate(rows)]
+                           [t for _, _, t in r], agent_kl[i], groups) for i, r in enumerate(rows)]
 
     @torch.no_grad()
     def _sequence_kl(self, agent: int, completions: list[Completion]) -> torch.Tensor:
-        """Per-completion k3 KL of agent's policy to the reference (adapters disabled): Tensor[n]."""
+        """Per-completion k3 KL of agent's policy to the reference (adapters disabled, or the
+        frozen base copy with algo.lora=null): Tensor[n]."""
         pad = self.policies.tokenizers[self.policies.agents[agent].model_index].pad_token_id
         kl = torch.zeros(len(completions), dtype=torch.float64)
         with self.policies.acting(agent) as model:
@@ -77,13 +96,15 @@ class MAGRPO(Algorithm):
                 prompts = [completions[j].prompt_ids for j in idx]
                 comps = [completions[j].completion_ids for j in idx]
                 logp, mask, _ = completion_logprobs(model, prompts, comps, pad)
-                with model.disable_adapter():
-                    ref, _, _ = completion_logprobs(model, prompts, comps, pad)
+                with self.policies.reference(self.policies.agents[agent].model_index) as ref_model:
+                    ref, _, _ = completion_logprobs(ref_model, prompts, comps, pad)
                 kl[idx] = k3_kl(logp, ref, mask).double().cpu()
         return kl
 
     # ---------------------------------------------------------------------------------- update
-    def update(self, batches: list[AgentBatch]) -> dict[str, float]:
+    def update(self, batches: list[AgentBatch], end_of_epoch: bool = False) -> dict[str, float]:
+        if self.buffer is not None:
+            return self._buffered_update(batches, end_of_epoch)
         stats: dict[str, float] = {}
         for key in self.policies.trainable_adapters():
             agents = self.policies.agents_of(key)
@@ -98,10 +119,78 @@ class MAGRPO(Algorithm):
         return stats
 
     def _update_adapter(self, agent: int, key: tuple[int, str], comps: list[Completion],
-                        advs: torch.Tensor) -> dict[str, float]:
+                        advs: torch.Tensor, keep_step_count: bool = False) -> dict[str, float]:
         a = self.cfg
         settings = UpdateSettings(epochs=a.ppo_epochs, clip_eps=a.clip_eps, aggregation=a.loss_aggregation,
                                   max_grad_norm=a.max_grad_norm, kl_coef=a.kl_coef if a.kl_mode == "loss" else 0.0)
         stats = policy_update(self.policies, agent, key, comps, advs, settings, self.micro_batch_size)
-        stats.pop("optimizer_steps")
+        if not keep_step_count:
+            stats.pop("optimizer_steps")
         return stats
+
+    def _buffered_update(self, batches: list[AgentBatch], end_of_epoch: bool) -> dict[str, float]:
+        """comlrl's granularity (marl_llm.algos.buffer): every node goes into its agent's policy
+        buffer in rollout order; a full buffer is drained turn by turn, one optimizer step per
+        batch of train_batch_size nodes. Logs `<policy>/optimizer_steps` (0 when nothing drained)."""
+        assert self.buffer is not None
+        policies = self.policies
+        key_of = [(ag.model_index, ag.adapter) for ag in policies.agents]
+        parts: dict[tuple[int, str], list[dict[str, float]]] = {key: [] for key in policies.trainable_adapters()}
+
+        def drain(key: tuple[int, str]) -> None:
+            for nodes in self.buffer.drain(key):
+                comps = [c for n in nodes for c in n.completions]
+                advs = torch.cat([n.advantages for n in nodes])
+                parts[key].append(self._update_adapter(policies.agents_of(key)[0], key, comps, advs, True))
+
+        for g in range(len(batches[0].groups or [])):
+            full = []
+            for i, b in enumerate(batches):
+                idx = b.groups[g]
+                node = BufferedSample(b.turns[idx[0]], [b.completions[j] for j in idx], b.advantages[idx])
+                if self.buffer.push(key_of[i], node):
+                    full.append(key_of[i])
+            for key in dict.fromkeys(full):
+                drain(key)
+        if end_of_epoch:
+            for key in self.buffer.pending():
+                drain(key)
+        stats: dict[str, float] = {}
+        for key, p in parts.items():
+            label = policies.policy_label(key)
+            stats.update({f"{label}/{k}": v for k, v in merge_update_stats(p).items()})
+            stats[f"{label}/optimizer_steps"] = float(sum(s["optimizer_steps"] for s in p))
+        return stats
+
+    def state_dict(self) -> dict:
+        return {"buffer": self.buffer.state_dict()} if self.buffer is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.buffer is not None and "buffer" in state:
+            self.buffer.load_state_dict(state["buffer"])
+
+
+def sibling_groups(tree: JointTree) -> list[list[int]]:
+    """The tree's sibling groups (the joint actions sampled under one parent: comlrl's nodes) as
+    indices into the turn-major sample order, in comlrl's rollout order: a problem's root group,
+    then each of its joint actions' child groups, depth first."""
+    offsets, start = [], 0
+    for turn in tree.turns:
+        offsets.append(start)
+        start += len(turn)
+    children: dict[tuple[int, int], list[int]] = {}  # (turn, parent) -> flat indices
+    for t, turn in enumerate(tree.turns):
+        for j, n in enumerate(turn):
+            children.setdefault((t, n.parent), []).append(offsets[t] + j)
+    out: list[list[int]] = []
+
+    def visit(t: int, parent: int) -> None:
+        group = children.get((t, parent))
+        if group:
+            out.append(group)
+            for flat in group:
+                visit(t + 1, flat - offsets[t])
+
+    for b in range(len(tree.problems)):
+        visit(0, b)
+    return out

@@ -12,6 +12,8 @@ sampling-time log-probs are computed first and the PPO ratio is clipped (`clip_e
 
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -28,10 +30,44 @@ class UpdateSettings:
     mini_batch_size: int | None = None
     clip_eps: float | None = None
     aggregation: str = "seq_sum"
-    max_grad_norm: float = 1.0
-    # KL to the reference policy (adapters disabled) added to the loss; 0: off.
+    # Null: no clipping (the gradient norm is still measured and logged).
+    max_grad_norm: float | None = 1.0
+    # KL to the reference policy (`AgentPolicies.reference`: adapters disabled, or the frozen
+    # base copy with algo.lora=null) added to the loss; 0: off.
     kl_coef: float = 0.0
     seed: int = 0
+
+
+def lr_schedulers(optimizers: list[torch.optim.Optimizer], algo_cfg, max_steps: int,
+                  start_step: int = 0) -> list[torch.optim.lr_scheduler.LRScheduler]:
+    """algo.lr_scheduler over the run's trainer steps, one scheduler per policy optimizer, each
+    stepped once per trainer step whatever its number of optimizer steps (as verl steps its
+    scheduler once per training step). constant: none. cosine: verl's (the AT-GRPO reference's)
+    factor of the base lr at scheduler step s, with W warm-up steps and m = min_lr_ratio:
+
+        s < W:  m + (1 - m) * s / W                  (warm-up from m, not from 0 as transformers')
+        else:   m + (1 - m) * 0.5 * (1 + cos(pi * p)),  p = (s - W) / max(1, max_steps - W)
+
+    A resumed run fast-forwards to its step (the optimizers' restored `initial_lr` is the base rate)."""
+    if algo_cfg.get("lr_scheduler", "constant") == "constant":
+        return []
+    warmup, floor, total = algo_cfg.warmup_steps, algo_cfg.min_lr_ratio, max(max_steps, 1)
+
+    def factor(s: int) -> float:
+        if s < warmup:
+            return floor + (1 - floor) * s / warmup
+        progress = min(1.0, (s - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    out = []
+    for opt in optimizers:
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        with warnings.catch_warnings():  # fast-forwarding steps the schedule without the optimizer
+            warnings.simplefilter("ignore", UserWarning)
+            for _ in range(start_step):
+                sched.step()
+        out.append(sched)
+    return out
 
 
 def micro_batches(completions: list[Completion], size: int, subset: list[int] | None = None) -> list[list[int]]:
@@ -104,8 +140,10 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
                     ref = None
                     if s.kl_coef > 0:
                         if tuple(idx) not in ref_logps:
-                            with torch.no_grad(), model.disable_adapter():
-                                ref_logps[tuple(idx)] = logps(idx)[0]
+                            with torch.no_grad(), policies.reference(key[0]) as ref_model:
+                                ref_logps[tuple(idx)] = completion_logprobs(
+                                    ref_model, [comps[j].prompt_ids for j in idx],
+                                    [comps[j].completion_ids for j in idx], pad)[0]
                         ref = ref_logps[tuple(idx)]
                     logp, mask, ent = logps(idx, with_entropy=epoch == 0)
                     if epoch == 0:
@@ -128,7 +166,8 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
                             acc[k] = acc.get(k, 0.0) + v * weight / steps_per_epoch
                 # The rank's loss is normalized by its own batch: sync weights it by that batch's share.
                 sync_gradients(params, batch_tokens if s.aggregation == "token_mean" else len(batch))
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm))
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(
+                    params, float("inf") if s.max_grad_norm is None else s.max_grad_norm))
                 opt.step()
                 n_steps += 1
     lengths = [len(c.completion_ids) for c in comps] or [0]  # a data-parallel rank may hold none

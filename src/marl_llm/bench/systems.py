@@ -78,7 +78,8 @@ class BareGenerate(BenchSystem):
         self.k = 0
 
     def step(self) -> StepStats:
-        from marl_llm.rollout import encode_prompt, left_pad
+        from marl_llm.prompting import encode_prompt
+        from marl_llm.rollout import left_pad
 
         w, tok = self.workload, self.tok
         messages = self.task.initial_prompts(self.problems[self.k % len(self.problems)])

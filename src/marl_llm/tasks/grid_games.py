@@ -13,6 +13,12 @@ Per-move rewards are the environments' (marl_llm.envs): Sokoban −0.01 per move
 −0.01 per move, −0.1 invalid, shaping, +1 at the goal, +0.5 for an optimal path. Success means
 solved: a move cap is a failure.
 
+A move list that cannot be used (`task.unparseable_plan_reward`, null: off): the plan's `####`
+list missing, unparseable or empty, or the tool's program missing, failed without moves, or
+printing no move list, plays no move and so earns 0, more than an invalid move. With the key set
+(PettingLLMs: −2) its local reward is that value instead. A tool program that prints [] is a
+valid plan of no moves (0), as in PettingLLMs.
+
 Levels: training seeds 0, 1, 2, ... (new levels every step); evaluation on `num_eval_levels`
 fixed levels with seeds eval_seed + i (100 levels from 100000 by default).
 """
@@ -103,7 +109,8 @@ class GridEpisode(Episode):
         for text in texts:
             actions, error = parse_final_actions(text)
             env, result = self._try(actions)
-            outcomes.append(Outcome(float(env.success), result.reward, env, {
+            local = self.task.unusable_reward(result.reward, unusable=not actions)
+            outcomes.append(Outcome(float(env.success), local, env, {
                 "actions": actions, "error": error, "reward": result.reward,
                 "summary": self._summary(actions, env, result, error)}))
         return outcomes
@@ -118,7 +125,8 @@ class GridEpisode(Episode):
             elif run.status.value != "passed" and not actions:
                 error = f"the program did not finish cleanly ({run.status.value})"
             env, result = self._try(actions)
-            outcomes.append(Outcome(float(env.success), result.reward, None, {
+            local = self.task.unusable_reward(result.reward, unusable=error is not None)
+            outcomes.append(Outcome(float(env.success), local, None, {
                 "code": code, "output": run.stdout, "actions": actions, "error": error,
                 "summary": self._summary(actions, env, result, error)}))
         return outcomes
@@ -155,6 +163,13 @@ class GridGameTask(TurnTask):
         self.limits = SandboxLimits(timeout_s=float(sb.timeout_s), memory_mb=int(sb.memory_mb),
                                     max_procs=int(sb.max_procs), max_output_bytes=int(sb.max_output_bytes))
         self.workers = int(sb.workers)
+        penalty = cfg.get("unparseable_plan_reward") if hasattr(cfg, "get") else None
+        self.unparseable_plan_reward = None if penalty is None else float(penalty)
+
+    def unusable_reward(self, moves_reward: float, unusable: bool) -> float:
+        """A candidate's local reward: `task.unparseable_plan_reward` for an unusable move list
+        (when set), else what its moves earned."""
+        return self.unparseable_plan_reward if unusable and self.unparseable_plan_reward is not None else moves_reward
 
     def make_env(self) -> GridEnv:
         raise NotImplementedError

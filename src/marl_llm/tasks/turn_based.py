@@ -32,7 +32,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from marl_llm.episodes import JointNode, JointTree
+from marl_llm.episodes import JointNode, JointTree, Terminate
 from marl_llm.rollout import Completion, GenRequest, SamplingParams, sample_key
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn
 
@@ -121,7 +121,7 @@ class TurnTask(Task):
 
 def collect_episode_tree(task: TurnTask, generate: Callable[[list[GenRequest]], list[Completion]],
                          problems: list[Problem], widths: list[int], sampling: list[SamplingParams],
-                         terminate: Callable[[JointNode], bool] | None = None) -> JointTree:
+                         terminate: Terminate | None = None) -> JointTree:
     """A MAGRPO rollout tree on a turn-based task: at turn t every unfinished node is forked
     `widths[t]` times; in each fork the agents act once in turn order (agent i sees what agents
     < i did in that fork). A node's reward is the sum of its agents' scores (team + local); its
@@ -150,10 +150,13 @@ def collect_episode_tree(task: TurnTask, generate: Callable[[list[GenRequest]], 
         nodes = []
         for j, (b, parent, ep) in enumerate(forks):
             ep.end_turn()
-            node = _turn_node(b, t, parent, prompts[j], chosen[j], j % width, scores[j], ep, t == len(widths) - 1)
-            if not node.terminated and terminate is not None and terminate(node):
-                node.terminated, node.reward.passed = True, ep.success
-            nodes.append(node)
+            nodes.append(_turn_node(b, t, parent, prompts[j], chosen[j], j % width, scores[j], ep, t == len(widths) - 1))
+        if terminate is not None:  # the forks of one parent are a sibling group
+            for start in range(0, len(nodes), width):
+                group = nodes[start:start + width]
+                for node, (_, _, ep), stop in zip(group, forks[start:start + width], terminate(group)):
+                    if stop and not node.terminated:
+                        node.terminated, node.reward.passed = True, ep.success
         turns.append(nodes)
         frontier = [(n.problem, j, forks[j][2], fork_keys[j]) for j, n in enumerate(nodes) if not n.terminated]
     return JointTree(problems, turns)

@@ -6,6 +6,12 @@
   writes introduction content on background and motivation; agent `methods` on methodology and
   implications; each is told what the other covers.
 
+Reward: `task.reward.variant` picks the function. `fixed` (default): `writing_reward`, the
+re-authored reward, on the stripped texts. `paper`: `writing_reward_paper`, the reference
+trainer's reward reproduced exactly, on the texts as generated (the reference does not strip);
+it takes its bands and lists from its data file and ignores the other `task.reward` fields.
+See docs/rewards_writing.md.
+
 Data: `task.data` (see marl_llm.tasks.data); the offline samples were written for this project.
 The single-agent baseline (`algo=single`) writes both parts in one answer, separated by the
 line SINGLE_SEPARATOR; a missing separator leaves part 2 empty (structure fails: reward 0).
@@ -18,6 +24,7 @@ from typing import Any, ClassVar
 
 from marl_llm.tasks.base import JointReward, Problem, Task, register_task
 from marl_llm.tasks.writing_reward import WritingRewardSpec, score_writing
+from marl_llm.tasks.writing_reward_paper import PaperRewardSpec, score_writing_paper
 
 SINGLE_SEPARATOR = "[PART 2]"
 _PART1 = re.compile(r"^\s*\[PART 1\]\s*", re.IGNORECASE)
@@ -30,12 +37,24 @@ class WritingTask(Task):
     roles: ClassVar[tuple[str, str]] = ("", "")
     single_role: ClassVar[str] = ""
     source_label: ClassVar[str] = "text"
+    # Which reference reward `variant=paper` reproduces (tldr | arxiv).
+    paper_task: ClassVar[str] = ""
     max_turns = 1
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
         self.required_fields = (str(cfg.text_field),)
         self.spec = WritingRewardSpec.from_cfg(cfg.reward)
+        self.reward_variant = str(getattr(cfg.reward, "variant", "fixed"))
+        if self.reward_variant not in ("paper", "fixed"):
+            raise ValueError(f"task.reward.variant={self.reward_variant!r}: expected paper or fixed")
+        self.paper_spec = PaperRewardSpec.for_task(self.paper_task) if self.reward_variant == "paper" else None
+
+    def score(self, text1: str, text2: str) -> JointReward:
+        """The joint reward of one pair of generated texts under `task.reward.variant`."""
+        if self.paper_spec is not None:
+            return score_writing_paper(text1, text2, self.paper_spec)
+        return score_writing(text1.strip(), text2.strip(), self.spec)
 
     def source_text(self, problem: Problem) -> str:
         return str(problem.data[self.cfg.text_field]).strip()
@@ -53,7 +72,7 @@ class WritingTask(Task):
         for actions in joint_actions:
             if len(actions) != 2:
                 raise ValueError(f"expected 2 actions ({', '.join(self.agent_names)}), got {len(actions)}")
-            out.append(score_writing(actions[0].strip(), actions[1].strip(), self.spec))
+            out.append(self.score(actions[0], actions[1]))
         return out
 
     # -- the single-agent baseline ---------------------------------------------------------------
@@ -69,6 +88,7 @@ class WritingTask(Task):
 class TLDRTask(WritingTask):
     agent_names = ("concise", "detailed")
     source_label = "Reddit post"
+    paper_task = "tldr"
     roles = (
         "Write a concise summary of the Reddit post below: one or a few sentences stating only the key facts. "
         "Another writer produces a longer, detailed summary. Output only your summary.",
@@ -92,6 +112,7 @@ class TLDRTask(WritingTask):
 class ArxivTask(WritingTask):
     agent_names = ("background", "methods")
     source_label = "Abstract"
+    paper_task = "arxiv"
     roles = (
         "Based on the abstract below, write the introduction's content on the background and motivation of the "
         "work (150-250 words). Another writer covers the methodology and implications: do not repeat them. "

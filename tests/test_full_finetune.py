@@ -1,0 +1,235 @@
+"""Full fine-tuning (`algo.lora=null`): each policy owns a whole copy of its base, every weight
+trained by its own AdamW; fp32 master weights under autocast; a frozen reference copy only when
+the KL needs one; what assumes LoRA adapters is refused in one line; exact resume; and the decode
+loop generates what `transformers` generates from the same model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import compose_config, tiny_overrides
+from marl_llm import fsdp, models
+from marl_llm.checkpoint import load_checkpoint
+from marl_llm.config import UserError, validate
+from marl_llm.models import AgentPolicies
+from marl_llm.rollout import GenRequest, HFRollout, SamplingParams, encode_prompt
+from marl_llm.trainer import build, train, train_step
+
+from test_agents import make_batches, magrpo
+from test_trainer import adapters, same_adapters
+
+
+def full(overrides: list[str]) -> list[str]:
+    """Overrides without the LoRA settings, with algo.lora=null. top_p=1: the tiny random model's
+    nucleus is the whole vocabulary, whose sort would be most of a step's time."""
+    return [o for o in overrides if not o.startswith("algo.lora")] + ["algo.lora=null", "algo.sampling.top_p=1.0"]
+
+
+def base_overrides(model_dir, run_dir, *extra):
+    return full(tiny_overrides(model_dir, run_dir, "trainer.eval_before=false", "trainer.eval_after=false", *extra))
+
+
+def snapshot(models_):
+    return [{n: p.detach().clone() for n, p in m.named_parameters()} for m in models_]
+
+
+def moved(before, model) -> list[str]:
+    return [n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach())]
+
+
+def assert_every_weight_moved(before, policies):
+    for k, m in enumerate(policies.models):
+        names = [n for n, _ in m.named_parameters()]
+        assert names and all(p.requires_grad for p in m.parameters())
+        assert sorted(moved(before[k], m)) == sorted(names), f"policy {k}: some weights did not move"
+
+
+def assert_policies_differ(policies):
+    a, b = (dict(m.named_parameters()) for m in policies.models[:2])
+    assert any(not torch.equal(a[n], b[n]) for n in a)
+
+
+def one_step(cfg):
+    validate(cfg)
+    run = build(cfg)
+    before = snapshot(run.policies.models)
+    refs = snapshot(run.policies.references)
+    _, metrics = train_step(run, cfg, 0)
+    return run, before, refs, metrics
+
+
+def small_policies(model_dir, agents=("aux", "main"), dtype="auto", **algo):
+    model_cfg = OmegaConf.create(dict(name="tiny", path=str(model_dir), embedded=False, hub_id=None, dtype=dtype,
+                                      device="cpu", attn_implementation="sdpa", trust_remote_code=False,
+                                      agent_bases=None))
+    algo_cfg = OmegaConf.create({**dict(adapters="per_agent", learning_rate=1e-3, weight_decay=0.0, policy_map={},
+                                        lora=None), **algo})
+    return AgentPolicies(tuple(agents), model_cfg, algo_cfg, 0)
+
+
+# --------------------------------------------------------------------------------- training
+def test_magrpo_trains_every_weight_of_each_agents_own_copy(tiny_model_dir, tmp_path):
+    # The raw baseline: advantage = shifted reward (nonzero), so the tiny model really learns.
+    # kl_coef > 0 keeps one frozen reference copy of the base, which must not move.
+    cfg = compose_config(base_overrides(tiny_model_dir, tmp_path, "algo.baseline=raw", "algo.kl_coef=0.05",
+                                        "algo.kl_mode=loss"))
+    run, before, refs, metrics = one_step(cfg)
+    p = run.policies
+    assert p.full and len(p.models) == 2 and len(p.optimizers) == 2 and len(p.references) == 1
+    assert [(a.model_index, a.adapter) for a in p.agents] == [(0, "agent_aux"), (1, "agent_main")]
+    assert p.models[0] is not p.models[1] and all(m is not p.references[0] for m in p.models)
+    assert_every_weight_moved(before, p)
+    assert_policies_differ(p)
+    assert moved(refs[0], p.references[0]) == [] and not any(q.requires_grad for q in p.references[0].parameters())
+    # Each optimizer holds exactly its policy's parameters; metric names as with LoRA.
+    for (k, _), opt in p.optimizers.items():
+        assert {id(q) for g in opt.param_groups for q in g["params"]} == {id(q) for q in p.models[k].parameters()}
+    assert {"aux/loss", "main/loss", "aux/kl", "main/grad_norm", "loss", "entropy"} <= set(metrics)
+
+
+def test_shared_policy_is_one_model_and_no_reference_without_kl(tiny_model_dir):
+    p = small_policies(tiny_model_dir, agents=("a", "b", "c"), adapters="shared")
+    assert len(p.models) == 1 and [a.model_index for a in p.agents] == [0, 0, 0] and p.references == []
+    assert p.policy_label(p.trainable_adapters()[0]) == "shared"
+    with pytest.raises(RuntimeError, match="kl_coef"):
+        with p.reference(0):
+            pass
+    three = small_policies(tiny_model_dir, agents=("tool", "plan", "judge"), kl_coef=0.1)
+    assert len(three.models) == 3 and len(three.references) == 1  # one reference per base, not per policy
+
+
+def test_at_grpo_trains_each_roles_full_copy(tiny_model_dir, tmp_path, monkeypatch):
+    from marl_llm.algos import at_grpo
+
+    # The tiny model scores 0 everywhere, so group advantages would all be 0: force +-1.
+    monkeypatch.setattr(at_grpo, "group_advantages", lambda scores, *a: [(-1.0) ** j for j in range(len(scores))])
+    overrides = [o for o in tiny_overrides(tiny_model_dir, tmp_path) if not o.startswith(("algo.", "task."))]
+    cfg = compose_config(full(["algo=at_grpo", "task=humaneval", *overrides, "task.data.train_split='test[33:37]'",
+                               "algo.sampling.max_new_tokens=6", "algo.num_branches=2", "algo.adapters=per_agent",
+                               "trainer.eval_before=false", "trainer.eval_after=false"]))
+    run, before, _, metrics = one_step(cfg)
+    assert len(run.policies.models) == 2 and run.policies.references == []
+    assert_every_weight_moved(before, run.policies)
+    assert_policies_differ(run.policies)
+    assert {"aux/loss", "main/loss"} <= set(metrics)
+
+
+def test_collm_cc_with_a_separate_critic(tiny_model_dir, tmp_path):
+    cfg = compose_config(full(["model=local", f"model.path={tiny_model_dir}", "logger=none", f"run_dir={tmp_path}",
+                               "algo=collm_cc", "task=strbuild", "algo.sampling.max_new_tokens=6",
+                               "trainer.max_steps=1", "trainer.prompts_per_step=3", "algo.critic.placement=separate"]))
+    run, before, _, metrics = one_step(cfg)
+    p, critic = run.policies, run.algo.critics[0]
+    assert all(critic.model is not m for m in p.models) and critic.adapter is None
+    assert_every_weight_moved(before, p)
+    assert_policies_differ(p)
+    assert "critic/vf_loss" in metrics
+
+
+def test_gradient_checkpointing_gives_the_same_full_update(tiny_model_dir):
+    results = []
+    for checkpointing in (False, True):
+        p = small_policies(tiny_model_dir)
+        if checkpointing:
+            p.enable_gradient_checkpointing()
+        torch.manual_seed(0)
+        magrpo(p, "algo.lora=null").update(make_batches(p))
+        results.append(p.adapter_state())
+    plain, ckpt = results
+    assert all(torch.allclose(plain[k][n], ckpt[k][n], atol=1e-6) for k in plain for n in plain[k])
+
+
+# --------------------------------------------------------------------------------- refusals
+@pytest.mark.parametrize("algo, extra, match", [
+    ("magrpo", ["trainer.rollout=vllm"], "use trainer.rollout=hf"),
+    ("magrpo", ["trainer.fsdp=true"], "set trainer.fsdp=false"),
+    ("collm_cc", ["algo.critic.placement=adapter"], "use algo.critic.placement=separate"),
+    ("collm_dc", ["algo.critic.placement=actor"], "use algo.critic.placement=separate"),
+])
+def test_what_assumes_adapters_is_refused_in_one_line(tmp_path, algo, extra, match):
+    cfg = compose_config(full([f"algo={algo}", "task=strbuild" if algo != "magrpo" else "task=humaneval",
+                               f"run_dir={tmp_path}", *extra]))
+    with pytest.raises(UserError, match=match) as err:
+        validate(cfg)
+    assert "\n" not in str(err.value) and "algo.lora=null" in str(err.value)
+    if "trainer.fsdp=true" in extra:  # also where the trainer builds without validating first
+        with pytest.raises(UserError, match=match):
+            fsdp.check_supported(cfg)
+
+
+def test_point_of_use_guards(tiny_model_dir):
+    p = small_policies(tiny_model_dir)
+    with pytest.raises(UserError, match="use algo.critic.placement=separate"):
+        p.add_adapter(0, "critic")
+    from marl_llm.vllm_rollout import VLLMRollout
+
+    with pytest.raises(UserError, match="use trainer.rollout=hf"):
+        VLLMRollout(p)
+
+
+# -------------------------------------------------------------------------------- checkpoints
+def test_exact_resume_and_a_mismatched_resume_is_refused(tiny_model_dir, tmp_path):
+    def overrides(run_dir, steps, *extra):
+        return base_overrides(tiny_model_dir, run_dir, f"trainer.max_steps={steps}", "trainer.save_every=1",
+                              "algo.baseline=raw", "algo.learning_rate=1e-3", *extra)
+
+    train(compose_config(overrides(tmp_path / "straight", 2)))
+    train(compose_config(overrides(tmp_path / "resumed", 1)))
+    train(compose_config(overrides(tmp_path / "resumed", 2, "trainer.resume=true")))
+    straight, resumed = adapters(tmp_path / "straight"), adapters(tmp_path / "resumed")
+    assert set(straight) == {"0/agent_aux", "1/agent_main"}
+    assert all(len(t) == 20 for t in straight.values())  # every weight of the tiny Llama (tied embeddings)
+    assert same_adapters(straight, resumed)
+    from transformers import AutoModelForCausalLM
+
+    init = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    assert all(not torch.equal(init[n], t) for w in straight.values() for n, t in w.items())  # really trained
+    opt_a = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=False)["optimizers"]
+    opt_b = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)["optimizers"]
+    for key in opt_a:
+        for i, state in opt_a[key]["state"].items():
+            assert all(torch.equal(state[s], opt_b[key]["state"][i][s]) for s in ("exp_avg", "exp_avg_sq"))
+    # A LoRA config cannot resume full weights (nor the reverse): one line naming the fix.
+    from conftest import make_policies
+
+    with pytest.raises(UserError, match="holds full weights .* but this config trains LoRA adapters.*new run dir"):
+        load_checkpoint(tmp_path / "straight", make_policies(tiny_model_dir))
+
+
+# --------------------------------------------------------------------------------- generation
+def test_decode_loop_equals_transformers_greedy_generate(tiny_model_dir):
+    p = small_policies(tiny_model_dir)
+    torch.manual_seed(1)
+    with torch.no_grad():  # make policy 1 a different model from the base it was copied from
+        for q in p.models[1].parameters():
+            q.add_(torch.randn_like(q) * 0.05)
+    tok = p.tokenizers[1]
+    messages = ["Write a function that adds two numbers.", "hi"]
+    out = HFRollout(p).generate([GenRequest(1, m, SamplingParams(temperature=0.0, max_new_tokens=10))
+                                 for m in messages])
+    for m, c in zip(messages, out):
+        ids = torch.tensor([encode_prompt(tok, m)])
+        ref = p.models[1].generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=10,
+                                   eos_token_id=p.eos_ids[1], pad_token_id=tok.pad_token_id)[0, ids.shape[1]:]
+        n = len(c.completion_ids)
+        assert c.completion_ids.tolist() == ref[:n].tolist() and (c.truncated or n == len(ref))
+
+
+def test_fp32_master_weights_under_autocast(tiny_model_dir, monkeypatch):
+    """What model.dtype=bfloat16 does on CUDA, exercised with CPU autocast: fp32 parameters and
+    optimizer state, bf16 compute; the frozen reference stays bf16."""
+    monkeypatch.setattr(models, "master_weights_dtype", lambda device, dtype: None if dtype == torch.float32 else dtype)
+    p = small_policies(tiny_model_dir, dtype="bfloat16", kl_coef=0.1)
+    assert p.autocast_dtype == torch.bfloat16
+    assert all(q.dtype == torch.float32 for m in p.models for q in m.parameters())
+    assert all(q.dtype == torch.bfloat16 for q in p.references[0].parameters())
+    ids = torch.tensor([[1, 5, 6, 7]])
+    assert p.models[0](input_ids=ids).logits.dtype == torch.bfloat16  # computed under autocast
+    before = snapshot(p.models)
+    magrpo(p, "algo.lora=null", "algo.kl_coef=0.1", "algo.kl_mode=loss").update(make_batches(p))
+    assert_every_weight_moved(before, p)
+    state = next(iter(p.optimizers.values())).state
+    assert state and all(s["exp_avg"].dtype == torch.float32 for s in state.values())
+    assert p.models[0].generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False).shape == (1, 7)

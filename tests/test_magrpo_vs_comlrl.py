@@ -1,0 +1,209 @@
+"""MAGRPO's tree shape (early termination) and update granularity (comlrl's buffer) against comlrl
+1.4.3's own MAGRPOTrainer, executed here on the same tiny model.
+
+Both systems roll out trees whose team reward is a fixed function of the joint action's position in
+the tree (its path: problem, then the index of each joint action along the way), so the rewards, and
+with them every early-termination decision, agree whatever the tiny model writes. Prompts carry the
+path. Compared: which nodes exist (early termination), and the sequence of optimizer steps per
+agent with the nodes (and turn) each one trained on.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections import Counter
+
+import pytest
+import torch
+
+from conftest import compose_config, make_policies
+
+comlrl_magrpo = pytest.importorskip("comlrl.trainers.reinforce.magrpo")
+
+G, TURNS, PROBLEMS = 2, 3, 3
+
+
+def path_reward(path: str) -> float:
+    """A fixed reward in [-3, 0] for the joint action at `path` ("p<k>.<j>.<j>...")."""
+    return -3.0 * int(hashlib.sha256(path.encode()).hexdigest()[:8], 16) / 2**32
+
+
+class PathTask:
+    """A two-agent joint-reward task whose prompt is the node's path and whose reward is path_reward."""
+
+    agent_names = ("aux", "main")
+    num_agents = 2
+    name = "path"
+    max_turns = None
+
+    def __init__(self):
+        from omegaconf import OmegaConf
+
+        self.cfg = OmegaConf.create({"reward_shift": 0.0})
+
+    def initial_prompts(self, problem):
+        return [problem.uid] * 2
+
+    def history_rewards(self, problems, histories):
+        from marl_llm.tasks.base import JointReward
+
+        seen: Counter = Counter()
+        out = []
+        for hist in histories:  # a turn's joint actions, parent by parent, sample g in order
+            parent = hist[0][-1].prompt
+            path = f"{parent}.{seen[parent]}"
+            seen[parent] += 1
+            out.append(JointReward(path_reward(path), info={"path": path}))
+        return out
+
+    def next_prompts(self, problem, histories, reward):
+        return [reward.info["path"]] * 2
+
+
+def run_comlrl(model_dir, threshold: float, buffer: int, batch: int):
+    """comlrl's real train() for one epoch over PROBLEMS items; returns (node paths, steps)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.pad_token = tok.eos_token
+    agents = [AutoModelForCausalLM.from_pretrained(model_dir) for _ in range(2)]
+    args = comlrl_magrpo.MAGRPOConfig(
+        num_train_epochs=1, num_agents=2, num_generations=G, num_turns=TURNS, max_new_tokens=4, temperature=1.0,
+        top_p=1.0, top_k=0, early_termination_threshold=threshold, rollout_buffer_size=buffer,
+        train_batch_size=batch, eval_interval=0, agent_learning_rate=1e-4)
+    calls: Counter = Counter()
+    transitions: Counter = Counter()
+    nodes: set[str] = set()
+
+    def reward(c1, c2, *, prompts):
+        path = f"{prompts[0]}.{calls[prompts[0]]}"
+        calls[prompts[0]] += 1
+        nodes.add(prompts[0])
+        return [path_reward(path)]
+
+    def transition(prompt, agent_completions, num_agents, prompt_history_per_agent, **_):
+        parent = prompt_history_per_agent[0][-1]
+        child = f"{parent}.{transitions[parent]}"
+        transitions[parent] += 1
+        return [child] * num_agents
+
+    trainer = comlrl_magrpo.MAGRPOTrainer(
+        agents=agents, num_agents=2, tokenizer=tok, args=args, reward_func=reward, external_transition=transition,
+        train_dataset=Dataset.from_list([{"prompt": f"p{k}"} for k in range(PROBLEMS)]),
+        formatters=[lambda item, external_prompts=None: external_prompts or item["prompt"]] * 2)
+    steps: list[tuple[int, int, frozenset]] = []
+    trained: list[str] = []
+    original_loss = trainer._compute_loss_with_gradients
+
+    def loss(agent, data, returns):
+        trained.append(tok.decode(data["prompt_input_ids"][0], skip_special_tokens=True))
+        return original_loss(agent, data, returns)
+
+    trainer._compute_loss_with_gradients = loss
+    for i, opt in enumerate(trainer.optimizers):
+        original_step = opt.step
+
+        def step(*a, _i=i, _orig=original_step, **k):
+            steps.append((_i, trained[0].count("."), frozenset(trained)))
+            trained.clear()
+            return _orig(*a, **k)
+
+        opt.step = step
+    trainer.train()
+    return nodes, steps
+
+
+def run_marl(tiny_model_dir, threshold: float, buffer: int, batch: int, rule: str = "node_mean"):
+    from marl_llm.algos import build_algorithm
+    from marl_llm.prompting import PromptFormat
+    from marl_llm.rollout import HFRollout
+    from marl_llm.tasks.base import Problem
+
+    cfg = compose_config(["algo=magrpo", f"algo.num_generations={G}", f"algo.num_turns={TURNS}",
+                          "algo.sampling.max_new_tokens=4", "algo.sampling.temperature=1.0", "algo.sampling.top_p=1.0",
+                          f"algo.early_termination={threshold}", f"algo.early_termination_rule={rule}",
+                          f"algo.rollout_buffer_size={buffer}", f"algo.train_batch_size={batch}",
+                          "algo.normalize_advantages=true", "algo.max_grad_norm=null"])
+    policies = make_policies(tiny_model_dir)
+    policies.tokenizers[0].prompt_format = PromptFormat(False)  # raw prompts: the ids decode to the path
+    algo = build_algorithm(cfg.algo, PathTask(), policies, HFRollout(policies), 8)
+    tok = policies.tokenizers[0]
+    steps: list[tuple[int, int, frozenset]] = []
+    original = algo._update_adapter
+
+    def update(agent, key, comps, advs, keep_step_count=False):
+        paths = {tok.decode(c.prompt_ids, skip_special_tokens=True).strip() for c in comps}
+        steps.append((agent, next(iter(paths)).count("."), frozenset(paths)))
+        return original(agent, key, comps, advs, keep_step_count)
+
+    algo._update_adapter = update
+    nodes: set[str] = set()
+    per_prompt_steps = []
+    for k in range(PROBLEMS):
+        tree = algo.collect([Problem(f"p{k}", {}, sample_key=k)])
+        for n in tree.nodes():
+            nodes.add(n.messages[0])
+        before = len(steps)
+        stats = algo.update(algo.advantages(tree), end_of_epoch=k == PROBLEMS - 1)
+        assert stats["aux/optimizer_steps"] + stats["main/optimizer_steps"] == len(steps) - before
+        per_prompt_steps.append(len(steps) - before)
+    return nodes, steps, algo
+
+
+@pytest.mark.parametrize("threshold,buffer", [(-1.5, 3), (-1.0, 2), (-2.2, 1), (-0.1, 4)])
+def test_early_termination_and_buffer_match_comlrl(tiny_model_dir, threshold, buffer):
+    ref_nodes, ref_steps = run_comlrl(tiny_model_dir, threshold, buffer, buffer)
+    nodes, steps, _ = run_marl(tiny_model_dir, threshold, buffer, buffer)
+    # Which sibling groups were expanded: the same trees.
+    assert nodes == ref_nodes
+    # The same optimizer steps in the same order: agent, turn, and the nodes each one trained on.
+    assert steps == ref_steps
+    assert len(steps) > PROBLEMS  # more than one step per prompt: the granularity is not marl-llm's default
+
+
+def test_joint_action_rule_differs_from_comlrl(tiny_model_dir):
+    """marl-llm's own rule (each joint action at or above the threshold is a leaf) grows other trees."""
+    ref_nodes, _ = run_comlrl(tiny_model_dir, -1.5, 3, 3)
+    nodes, _, _ = run_marl(tiny_model_dir, -1.5, 3, 3, rule="joint_action")
+    assert nodes != ref_nodes
+
+
+def test_buffer_state_round_trips(tiny_model_dir):
+    """A checkpoint holds the buffered nodes: a restored buffer drains to the same batches."""
+    from marl_llm.algos.buffer import SampleBuffer
+
+    _, _, algo = run_marl(tiny_model_dir, -1.5, 4, 4)
+    buf = algo.buffer
+    assert buf.drains > 0
+    # Refill it with a fresh tree without draining, then compare drains of the copy and the original.
+    from marl_llm.tasks.base import Problem
+
+    tree = algo.collect([Problem("p9", {}, sample_key=9)])
+    batches = algo.advantages(tree)
+    for g in batches[0].groups:
+        from marl_llm.algos.buffer import BufferedSample
+
+        buf.push("k", BufferedSample(batches[0].turns[g[0]], [batches[0].completions[j] for j in g],
+                                     batches[0].advantages[g]))
+    restored = SampleBuffer(buf.size, buf.batch_size, buf.seed)
+    restored.load_state_dict(copy.deepcopy(buf.state_dict()))
+    a, b = buf.drain("k"), restored.drain("k")
+    assert [[(s.turn, s.completions[0].text, s.advantages.tolist()) for s in batch] for batch in a] == \
+           [[(s.turn, s.completions[0].text, s.advantages.tolist()) for s in batch] for batch in b]
+
+
+def test_buffer_batches_turn_groups():
+    """A drain trains turn by turn, each turn's samples cut into train_batch_size batches."""
+    from marl_llm.algos.buffer import BufferedSample, SampleBuffer
+
+    buf = SampleBuffer(size=5, batch_size=2, seed=0)
+    turns = [0, 1, 1, 0, 1]
+    full = [buf.push("k", BufferedSample(t, [], torch.tensor([float(j)]))) for j, t in enumerate(turns)]
+    assert full == [False] * 4 + [True]
+    batches = buf.drain("k")
+    assert [len(b) for b in batches] == [2, 2, 1]
+    assert [{s.turn for s in b} for b in batches] == [{0}, {1}, {1}]
+    assert sorted(float(s.advantages) for b in batches[1:] for s in b) == [1.0, 2.0, 4.0]
+    assert buf.pending() == []
