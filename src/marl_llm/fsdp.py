@@ -1,7 +1,7 @@
 """FSDP (`trainer.fsdp=true`): the frozen base is sharded over the data-parallel ranks, for bases
 that do not fit one GPU.
 
-    torchrun --nproc_per_node 4 -m marl_llm experiment=at_grpo_sokoban_qwen3_8b_paper trainer.fsdp=true
+    torchrun --nproc_per_node 4 -m marl_llm algo=at_grpo task=sokoban model=qwen3_8b trainer.fsdp=true
 
 Each decoder layer is one torch FSDP2 unit (`fully_shard`), and the rest of the base (embeddings,
 final norm, LM head) is the root unit. A rank keeps 1/N of every unit's weights; a unit's full
