@@ -133,10 +133,10 @@ def run_marl(tiny_model_dir, threshold: float, buffer: int, batch: int, rule: st
     steps: list[tuple[int, int, frozenset]] = []
     original = algo._update_adapter
 
-    def update(agent, key, comps, advs, keep_step_count=False):
+    def update(agent, key, comps, advs):
         paths = {tok.decode(c.prompt_ids, skip_special_tokens=True).strip() for c in comps}
         steps.append((agent, next(iter(paths)).count("."), frozenset(paths)))
-        return original(agent, key, comps, advs, keep_step_count)
+        return original(agent, key, comps, advs)
 
     algo._update_adapter = update
     nodes: set[str] = set()

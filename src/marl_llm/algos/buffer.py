@@ -21,7 +21,7 @@ persists across trainer steps and is part of the checkpoint.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable, Iterable
 
 import torch
 
@@ -60,6 +60,19 @@ class SampleBuffer:
         """Policies whose buffers hold samples (drained at the end of an epoch)."""
         return [k for k, v in self.items.items() if v]
 
+    def run(self, positions: Iterable[list[tuple[Hashable, BufferedSample]]],
+            train: Callable[[Hashable, list[list[BufferedSample]]], None], end_of_epoch: bool) -> None:
+        """comlrl's fill-and-drain loop over a trainer step's samples: each rollout position's
+        samples (one per agent) go in, then every buffer that became full is drained into
+        `train(key, batches)`; at the end of an epoch every non-empty buffer is."""
+        for position in positions:
+            full = [key for key, sample in position if self.push(key, sample)]
+            for key in dict.fromkeys(full):
+                train(key, self.drain(key))
+        if end_of_epoch:
+            for key in self.pending():
+                train(key, self.drain(key))
+
     def drain(self, key: Hashable) -> list[list[BufferedSample]]:
         """Empty `key`'s buffer into its optimizer batches: turn by turn (ascending), each turn's
         samples shuffled and cut into batches of `batch_size`."""
@@ -85,6 +98,14 @@ class SampleBuffer:
         self.items = {k: [BufferedSample(s["turn"], [Completion(*c) for c in s["completions"]], s["advantages"],
                                          s["extra"]) for s in v]
                       for k, v in state["items"]}
+
+
+def step_stats(prefix: str, parts: list[dict[str, float]]) -> dict[str, float]:
+    """The stats of one policy's (or critic's) optimizer steps of a trainer step, under `prefix`,
+    with `<prefix>/optimizer_steps` (0 when its buffer did not drain)."""
+    out = {f"{prefix}/{k}": v for k, v in merge_update_stats(parts).items()}
+    out[f"{prefix}/optimizer_steps"] = float(sum(p.get("optimizer_steps", 1.0) for p in parts))
+    return out
 
 
 def merge_update_stats(parts: list[dict[str, float]]) -> dict[str, float]:

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 import torch
 
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
-from marl_llm.algos.buffer import BufferedSample, SampleBuffer, merge_update_stats
+from marl_llm.algos.buffer import BufferedSample, SampleBuffer, step_stats
 from marl_llm.algos.critic import Critic, ValueHead
 from marl_llm.algos.returns import gae, normalize_per_group, td0
 from marl_llm.algos.update import UpdateSettings, policy_update
@@ -228,8 +228,7 @@ class ActorCritic(Algorithm):
         critic_parts: dict[int, list[dict[str, float]]] = {j: [] for j in range(len(self.critics))}
         n_agents = len(batches)
 
-        def drain(i: int) -> None:
-            groups = self.buffer.drain(i)
+        def train(i: int, groups: list[list[BufferedSample]]) -> None:
             for turn in dict.fromkeys(g[0].turn for g in groups):
                 same = [g for g in groups if g[0].turn == turn]
                 adv = torch.cat([s.advantages for g in same for s in g]).double()
@@ -249,37 +248,28 @@ class ActorCritic(Algorithm):
                         [e["critic_prompt"] for e in x], comps, torch.tensor([e["target"] for e in x]),
                         torch.tensor([e["old_value"] for e in x])))
 
-        for start, length in self._chains:
-            full = []
-            for i in range(n_agents):
-                cb = self._critic_batches[0 if self.centralized else i]
-                for j in range(start, start + length):
-                    extra = {"critic_prompt": cb.prompts[j],
-                             "critic_completion": None if cb.completions is None else cb.completions[j],
-                             "target": float(cb.targets[j]), "old_value": float(cb.old_values[j])}
-                    sample = BufferedSample(batches[i].turns[j], [batches[i].completions[j]],
-                                            batches[i].advantages[j:j + 1], extra)
-                    if self.buffer.push(i, sample):
-                        full.append(i)
-            for i in dict.fromkeys(full):
-                drain(i)
-        if end_of_epoch:
-            for i in self.buffer.pending():
-                drain(i)
+        def sample(i: int, j: int) -> BufferedSample:
+            """Agent i's sample j with what its critic (CC: the shared one) trains on."""
+            cb = self._critic_batches[0 if self.centralized else i]
+            extra = {"critic_prompt": cb.prompts[j],
+                     "critic_completion": None if cb.completions is None else cb.completions[j],
+                     "target": float(cb.targets[j]), "old_value": float(cb.old_values[j])}
+            return BufferedSample(batches[i].turns[j], [batches[i].completions[j]], batches[i].advantages[j:j + 1], extra)
+
+        # One position per trajectory: comlrl fills the buffers with a whole trajectory, then drains.
+        positions = ([(i, sample(i, j)) for i in range(n_agents) for j in range(start, start + length)]
+                     for start, length in self._chains)
+        self.buffer.run(positions, train, end_of_epoch)
         self._critic_batches = []
         stats: dict[str, float] = {}
         by_policy: dict[tuple[int, str], list[dict[str, float]]] = {}
         for i, parts in actor_parts.items():
             by_policy.setdefault((policies.agents[i].model_index, policies.agents[i].adapter), []).extend(parts)
         for key, parts in by_policy.items():
-            label = policies.policy_label(key)
-            stats.update({f"{label}/{k}": v for k, v in merge_update_stats(parts).items()})
-            stats[f"{label}/optimizer_steps"] = float(len(parts))
+            stats.update(step_stats(policies.policy_label(key), parts))
         for j, owner in enumerate(self.owners):
-            prefix = "critic" if owner is None else f"{self.task.agent_names[owner]}/critic"
-            merged = merge_update_stats(critic_parts[j])
-            stats.update({f"{prefix}/{k}": v for k, v in merged.items()})
-            stats[f"{prefix}/optimizer_steps"] = float(len(critic_parts[j]))
+            stats.update(step_stats("critic" if owner is None else f"{self.task.agent_names[owner]}/critic",
+                                    critic_parts[j]))
         return stats
 
     # ---------------------------------------------------------------------------- checkpoint

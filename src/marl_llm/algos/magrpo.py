@@ -18,7 +18,7 @@ import torch
 
 from marl_llm.algos.advantages import per_agent_advantages, tree_advantages
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
-from marl_llm.algos.buffer import BufferedSample, SampleBuffer, merge_update_stats
+from marl_llm.algos.buffer import BufferedSample, SampleBuffer, step_stats
 from marl_llm.algos.losses import k3_kl
 from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
 from marl_llm.config import UserError
@@ -81,7 +81,7 @@ class MAGRPO(Algorithm):
                 advs = tree_advantages(agent_rewards[i], parents, a.discount, a.baseline, a.normalize_advantages)
                 for t, turn in enumerate(tree.turns):
                     rows[i].extend((n.completions[i], adv, t) for n, adv in zip(turn, advs[t].tolist()))
-        groups = sibling_groups(tree) if a.joint_mode != "cross" else None
+        groups = sibling_groups(tree) if self.buffer is not None else None  # the buffer's node samples
         return [AgentBatch(i, [c for c, _, _ in r], torch.tensor([v for _, v, _ in r], dtype=torch.float32),
                            [t for _, _, t in r], agent_kl[i], groups) for i, r in enumerate(rows)]
 
@@ -112,6 +112,7 @@ class MAGRPO(Algorithm):
             advs = torch.cat([batches[i].advantages for i in agents])
             label = self.policies.policy_label(key)
             s = self._update_adapter(agents[0], key, comps, advs)
+            s.pop("optimizer_steps")
             kls = [batches[i].kl for i in agents if batches[i].kl is not None]
             if kls:  # KL shaped the reward: report the mean per-sequence KL it used
                 s["kl"] = float(torch.cat(kls).mean())
@@ -119,14 +120,11 @@ class MAGRPO(Algorithm):
         return stats
 
     def _update_adapter(self, agent: int, key: tuple[int, str], comps: list[Completion],
-                        advs: torch.Tensor, keep_step_count: bool = False) -> dict[str, float]:
+                        advs: torch.Tensor) -> dict[str, float]:
         a = self.cfg
         settings = UpdateSettings(epochs=a.ppo_epochs, clip_eps=a.clip_eps, aggregation=a.loss_aggregation,
                                   max_grad_norm=a.max_grad_norm, kl_coef=a.kl_coef if a.kl_mode == "loss" else 0.0)
-        stats = policy_update(self.policies, agent, key, comps, advs, settings, self.micro_batch_size)
-        if not keep_step_count:
-            stats.pop("optimizer_steps")
-        return stats
+        return policy_update(self.policies, agent, key, comps, advs, settings, self.micro_batch_size)
 
     def _buffered_update(self, batches: list[AgentBatch], end_of_epoch: bool) -> dict[str, float]:
         """comlrl's granularity (marl_llm.algos.buffer): every node goes into its agent's policy
@@ -137,29 +135,21 @@ class MAGRPO(Algorithm):
         key_of = [(ag.model_index, ag.adapter) for ag in policies.agents]
         parts: dict[tuple[int, str], list[dict[str, float]]] = {key: [] for key in policies.trainable_adapters()}
 
-        def drain(key: tuple[int, str]) -> None:
-            for nodes in self.buffer.drain(key):
+        def train(key: tuple[int, str], node_batches: list[list[BufferedSample]]) -> None:
+            for nodes in node_batches:
                 comps = [c for n in nodes for c in n.completions]
                 advs = torch.cat([n.advantages for n in nodes])
-                parts[key].append(self._update_adapter(policies.agents_of(key)[0], key, comps, advs, True))
+                parts[key].append(self._update_adapter(policies.agents_of(key)[0], key, comps, advs))
 
-        for g in range(len(batches[0].groups or [])):
-            full = []
-            for i, b in enumerate(batches):
-                idx = b.groups[g]
-                node = BufferedSample(b.turns[idx[0]], [b.completions[j] for j in idx], b.advantages[idx])
-                if self.buffer.push(key_of[i], node):
-                    full.append(key_of[i])
-            for key in dict.fromkeys(full):
-                drain(key)
-        if end_of_epoch:
-            for key in self.buffer.pending():
-                drain(key)
+        def node(b: AgentBatch, idx: list[int]) -> BufferedSample:
+            return BufferedSample(b.turns[idx[0]], [b.completions[j] for j in idx], b.advantages[idx])
+
+        positions = ([(key_of[i], node(b, b.groups[g])) for i, b in enumerate(batches)]
+                     for g in range(len(batches[0].groups or [])))
+        self.buffer.run(positions, train, end_of_epoch)
         stats: dict[str, float] = {}
         for key, p in parts.items():
-            label = policies.policy_label(key)
-            stats.update({f"{label}/{k}": v for k, v in merge_update_stats(p).items()})
-            stats[f"{label}/optimizer_steps"] = float(sum(s["optimizer_steps"] for s in p))
+            stats.update(step_stats(policies.policy_label(key), p))
         return stats
 
     def state_dict(self) -> dict:
