@@ -25,6 +25,8 @@ from typing import Any, Callable, Hashable, Iterable
 
 import torch
 
+from marl_llm.config import UserError
+from marl_llm.distributed import world
 from marl_llm.rollout import Completion
 
 
@@ -42,6 +44,16 @@ class BufferedSample:
 
 class SampleBuffer:
     """Per-policy buffers with comlrl's drain rule; `key` names a policy (any hashable)."""
+
+    @classmethod
+    def from_cfg(cls, algo_cfg: Any, seed: int) -> "SampleBuffer | None":
+        """The buffer algo.rollout_buffer_size asks for (None: the algorithm's own granularity)."""
+        if algo_cfg.get("rollout_buffer_size") is None:
+            return None
+        if world().size > 1:
+            raise UserError("algo.rollout_buffer_size (comlrl's per-agent buffer) runs on one process: set "
+                            "algo.rollout_buffer_size=null for data-parallel runs")
+        return cls(algo_cfg.rollout_buffer_size, algo_cfg.train_batch_size, seed)
 
     def __init__(self, size: int, batch_size: int | None, seed: int):
         self.size = size

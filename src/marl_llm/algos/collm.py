@@ -42,7 +42,6 @@ from marl_llm.algos.critic import Critic, ValueHead
 from marl_llm.algos.returns import gae, normalize_per_group, td0
 from marl_llm.algos.update import UpdateSettings, policy_update
 from marl_llm.config import UserError
-from marl_llm.distributed import world
 from marl_llm.episodes import JointNode, JointTree
 from marl_llm.evaluation import reward_metrics
 from marl_llm.models import load_base, lora_weights
@@ -93,12 +92,7 @@ class ActorCritic(Algorithm):
         self.owners: list[int | None] = [None] if self.centralized else list(range(task.num_agents))
         self.critics = [self._build_critic(owner) for owner in self.owners]
         self._critic_batches: list[CriticBatch] = []
-        self.buffer: SampleBuffer | None = None
-        if cfg.get("rollout_buffer_size") is not None:
-            if world().size > 1:
-                raise UserError("algo.rollout_buffer_size (comlrl's per-agent buffer) runs on one process: set "
-                                "algo.rollout_buffer_size=null for data-parallel runs")
-            self.buffer = SampleBuffer(cfg.rollout_buffer_size, cfg.train_batch_size, policies.seed)
+        self.buffer = SampleBuffer.from_cfg(cfg, policies.seed)
         # The step's trajectories as (first sample, length) in the turn-major sample order of
         # advantages(): the buffered update feeds them trajectory by trajectory.
         self._chains: list[tuple[int, int]] = []

@@ -21,8 +21,6 @@ from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.buffer import BufferedSample, SampleBuffer, step_stats
 from marl_llm.algos.losses import k3_kl
 from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
-from marl_llm.config import UserError
-from marl_llm.distributed import world
 from marl_llm.episodes import JointTree
 from marl_llm.rollout import Completion, completion_logprobs
 from marl_llm.tasks.base import Problem
@@ -35,12 +33,7 @@ class MAGRPO(Algorithm):
 
     def __init__(self, cfg, task, policies, rollout, micro_batch_size: int = 8):
         super().__init__(cfg, task, policies, rollout, micro_batch_size)
-        self.buffer: SampleBuffer | None = None
-        if cfg.get("rollout_buffer_size") is not None:
-            if world().size > 1:
-                raise UserError("algo.rollout_buffer_size (comlrl's per-agent buffer) runs on one process: set "
-                                "algo.rollout_buffer_size=null for data-parallel runs")
-            self.buffer = SampleBuffer(cfg.rollout_buffer_size, cfg.train_batch_size, policies.seed)
+        self.buffer = SampleBuffer.from_cfg(cfg, policies.seed)
 
     def collect(self, problems: list[Problem]) -> JointTree:
         a = self.cfg

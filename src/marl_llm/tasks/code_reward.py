@@ -40,6 +40,7 @@ __all__ = [
     "prompt_context",
     "score_joint",
     "score_many",
+    "syntax_error_site",
     "full_test_code",
 ]
 
@@ -229,7 +230,7 @@ def _cooperation_facts(main_code: str, entry_point: str) -> dict[str, bool]:
     return {"calls_aux": calls, "thin_wrapper": thin, "discarded_aux": discarded}
 
 
-def _syntax_error(context: str, aux_code: str, main_code: str, program: str) -> dict[str, Any] | None:
+def syntax_error_site(context: str, aux_code: str, main_code: str, program: str) -> dict[str, Any] | None:
     """Where the combined program fails to parse: the agent whose code is at fault, line, msg."""
     try:
         ast.parse(program)
@@ -304,7 +305,7 @@ def _static_levels(prompt: str, test_code: str, entry_point: str, aux_text: str,
         return stage
     levels["structure"] += 0.6
     # 2. syntax
-    error = _syntax_error(context, aux_code, main_code, program)
+    error = syntax_error_site(context, aux_code, main_code, program)
     if error is not None:
         info["syntax_error"] = error
         info["stopped_at"] = "syntax"

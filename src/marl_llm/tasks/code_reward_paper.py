@@ -42,14 +42,13 @@ The per-test time limit is `task.sandbox.timeout_s` (the reference uses a 10 s a
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from marl_llm.sandbox import ProgramScopeTest, SandboxLimits, Status, TestOutcome, run_program_scope_tests_many
 from marl_llm.tasks.base import JointReward
-from marl_llm.tasks.code_reward import AUX_NAME, LEVEL_MAX
+from marl_llm.tasks.code_reward import AUX_NAME, LEVEL_MAX, syntax_error_site
 
 __all__ = [
     "MAX_TIMEOUTS",
@@ -271,23 +270,6 @@ def ignores_aux_result(main_function: str) -> bool:
     return False
 
 
-def _syntax_error(imports: str, aux_clean: str, main_clean: str, program: str) -> dict[str, Any] | None:
-    try:
-        ast.parse(program)
-        return None
-    except (SyntaxError, ValueError) as e:
-        combined = e
-    for agent, code in (("aux", aux_clean), ("main", main_clean), ("prompt", imports)):
-        try:
-            ast.parse(code)
-        except SyntaxError as e:
-            return {"agent": agent, "line": e.lineno or 0, "msg": e.msg}
-        except ValueError as e:
-            return {"agent": agent, "line": 0, "msg": str(e)}
-    return {"agent": "combined", "line": getattr(combined, "lineno", 0) or 0,
-            "msg": getattr(combined, "msg", str(combined))}
-
-
 # ----------------------------------------------------------------------------------------------
 # Scoring
 # ----------------------------------------------------------------------------------------------
@@ -341,7 +323,7 @@ def _static_levels(prompt: str, test_code: str, entry_point: str, aux_text: str,
         info["stopped_at"] = "structure"
         return stage
     _add(stage, "structure", MAIN_POINTS)
-    error = _syntax_error(imports, clean_code(aux_function), clean_code(main_function), program)
+    error = syntax_error_site(imports, clean_code(aux_function), clean_code(main_function), program)
     if error is not None:
         info["syntax_error"] = error
         info["stopped_at"] = "syntax"
