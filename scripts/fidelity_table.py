@@ -34,6 +34,8 @@ Deliberate deviations are opt-in switches; the paper presets use the reference's
 |---|---|---|
 | `algo.lora` | `null`: every agent fully fine-tuned | a LoRA adapter per agent; each preset has a `<preset>_lora` variant with a learning rate for LoRA (10 x, source in its header) |
 | `model.chat_template` | `false` for writing and code (raw prompt strings), `true` for StrBuild | `auto` |
+| `task.prompts` | `paper`: the reference formatters' prompts and feedback, byte for byte (docs/prompts_code.md, rewards_writing.md, prompts_strbuild.md) | `own`: this project's wording |
+| `algo.sampling.top_k` | `null`: the model's generation-config value (the references pass none to `generate()`) | `0` (off) |
 | `task.reward.variant` | `paper`: the reference reward functions, quirks included | `fixed` |
 | `algo.early_termination_rule` | `node_mean`: a node whose G rewards have a mean above the threshold is not expanded | `joint_action`: each joint action at or above it is a leaf |
 | `algo.rollout_buffer_size`, `algo.train_batch_size` | comlrl's per-agent node buffer, drained turn by turn | `null`: one optimizer step per trainer step |
@@ -70,12 +72,9 @@ def rows(preset: str, values: dict) -> list[tuple[str, str, str, bool, str]]:
     out = []
     for key, spec in values.items():
         ref = spec.get("ref")
-        if key.startswith("("):  # an aspect no single config key holds
-            got, match = spec["preset"], bool(spec.get("match", ref == spec["preset"]))
-        else:
-            got = OmegaConf.select(cfg, key)
-            got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
-            match = same(ref, got)
+        got = OmegaConf.select(cfg, key, default="(missing)")
+        got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
+        match = same(ref, got)
         out.append((key, fmt(ref), fmt(got), match, " ".join(str(spec.get("note") or "").split())))
     return out
 

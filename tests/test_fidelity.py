@@ -46,3 +46,31 @@ def test_doc_is_current():
 def test_sources_name_commits():
     for name, text in DATA["sources"].items():
         assert name == "comlrl" or "@" in text and len(text.split("@")[1].split()[0]) == 40, name
+
+
+def test_paper_preset_trains_end_to_end_through_the_console_script(tiny_model_dir, tmp_path):
+    """experiment=magrpo_humaneval_paper on the tiny model (its real shape and data swapped out):
+    full fine-tuning, the paper reward and prompts, node-mean early termination and comlrl's
+    2-node buffer together. A G=2, 2-turn tree is 3 nodes per agent: the buffer drains twice in the
+    first prompt ([root, child] = two turn groups, two steps) and so on, as comlrl does."""
+    import json
+    import subprocess
+
+    import torch
+
+    from conftest import VENV_BIN
+
+    run_dir = tmp_path / "run"
+    out = subprocess.run([str(VENV_BIN / "marl-llm"), "experiment=magrpo_humaneval_paper", "model=local",
+                          f"model.path={tiny_model_dir}", "model.name=tiny", "logger=none", "trainer.max_steps=3",
+                          "trainer.eval_before=false", "trainer.eval_max_problems=1", "trainer.eval_num_samples=0",
+                          "trainer.eval_k=[1]", "algo.num_generations=2", "algo.sampling.max_new_tokens=6",
+                          f"run_dir={run_dir}"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["train/aux/optimizer_steps"] for r in rows if "train/aux/optimizer_steps" in r]
+    assert steps == [2.0, 3.0, 3.0]  # the last step ends the run: the left-over node drains too
+    ckpt = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    assert ckpt["weights"] == "full"  # algo.lora=null: the agents' whole models are checkpointed
+    config = (run_dir / "config.yaml").read_text()
+    assert "variant: paper" in config and "prompts: paper" in config and "rollout_buffer_size: 2" in config

@@ -117,3 +117,20 @@ def test_top_k_null_is_the_models_generation_default(tiny_model_dir):
     assert [p.top_k for p in algo.agent_sampling()] == [50, 50]  # transformers' global default
     model.generation_config.top_k = 20  # e.g. Qwen3's generation_config.json
     assert [p.top_k for p in algo.agent_sampling()] == [20, 20]
+
+
+def test_message_with_system_part_or_sent_raw(tokenizer):
+    import pickle
+
+    from marl_llm.prompting import Message
+
+    tokenizer.prompt_format = PromptFormat(True)
+    with_system = tokenizer.decode(encode_prompt(tokenizer, Message("build it", system="You are a builder.")))
+    assert with_system.index("You are a builder.") < with_system.index("build it")
+    plain = tokenizer.decode(encode_prompt(tokenizer, "build it"))
+    assert "You are a builder." not in plain
+    raw = Message("turn two text", raw=True)
+    assert encode_prompt(tokenizer, raw) == tokenizer("turn two text")["input_ids"]
+    assert raw == "turn two text" and raw + "!" == "turn two text!"  # a str everywhere else
+    again = pickle.loads(pickle.dumps(Message("x", system="s", raw=True)))
+    assert (again, again.system, again.raw) == ("x", "s", True)

@@ -57,6 +57,49 @@ def test_bad_targets_and_palettes():
     StrBuildEnv("A B")  # spaces fine
 
 
+
+# ----- letter gap (task.letter_gap; the CoLLM reference's configs leave 2 columns) -----------------
+def test_letter_gap_two_cells_and_bounds():
+    env = StrBuildEnv("HI", letter_gap=2)
+    assert env.letter_gap == 2 and env.width == 12
+    assert env.target_cells() == font_cells("H", 0) | font_cells("I", 7)
+    assert not any(x in (5, 6) for x, _, _ in env.target_cells())  # two gap columns
+    assert env.in_bounds(11, 4, 0) and not env.in_bounds(12, 0, 0) and not env.in_bounds(-1, 0, 0)
+    info = env.step(0, "/setblock 12 0 0 red_wool\n/setblock 11 0 0 red_wool\n/setblock 6 0 0 red_wool")
+    assert [line for line, _ in info["rejected"]] == ["/setblock 12 0 0 red_wool"]
+    assert "0<=x<12" in info["rejected"][0][1]
+    assert env.state == {(11, 0, 0): RED, (6, 0, 0): RED}
+    fb = env.feedback(0)
+    assert "x = column 0..11" in fb and "#...#..#####" in fb  # top row of "HI" with two gap columns
+    assert all(len(row) == 4 + 12 for row in env.render().split("\n")[:5])
+    three = StrBuildEnv("LIL", letter_gap=2)
+    assert three.width == 3 * 7 - 2 and three.target_cells() == (
+        font_cells("L", 0) | font_cells("I", 7) | font_cells("L", 14))
+
+
+def test_letter_gap_zero_and_invalid():
+    env = StrBuildEnv("HI", letter_gap=0)
+    assert env.width == 10 and env.target_cells() == font_cells("H", 0) | font_cells("I", 5)
+    assert StrBuildEnv("HI").width == 11 and StrBuildEnv("HI").letter_gap == 1  # the default
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="letter_gap"):
+            StrBuildEnv("HI", letter_gap=bad)
+
+
+def test_letter_gap_two_perfect_build_iou_is_one():
+    env = StrBuildEnv("ICML", letter_gap=2)
+    target = sorted(env.target_cells())
+    env.step(0, cmds([p for p in target if (p[0] + p[1]) % 2 == 0], RED))
+    env.step(1, cmds([p for p in target if (p[0] + p[1]) % 2 == 1], BLUE))
+    r = env.end_turn()
+    built = set(env.state)
+    assert len(built & env.target_cells()) / len(built | env.target_cells()) == 1.0
+    assert r.coverage == 1.0 and r.extra_ratio == 0.0 and r.adjacency_ratio == 0.0 and r.success
+    # the same commands on the default 1-column wall: the later letters are off target
+    narrow = StrBuildEnv("ICML")
+    narrow.step(0, cmds(target, RED))
+    assert narrow.metrics()["coverage"] < 1.0 and narrow.metrics()["extra_ratio"] > 0.0
+
 # ----- parser ---------------------------------------------------------------------------------
 def test_parser_good_lines_and_prose():
     text = """Sure! I will build the H now.

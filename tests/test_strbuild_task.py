@@ -74,6 +74,19 @@ def test_blocks_stay_between_turns_and_the_reward_follows_the_formula():
     assert one.total == pytest.approx(turn1.total)
 
 
+def test_letter_gap_reaches_the_wall_and_a_perfect_build_scores_iou_one():
+    t = task("task.letter_gap=2")
+    p = Problem("p", {"target": "LI"})
+    cells = sorted(StrBuildEnv("LI", letter_gap=2).target_cells())
+    assert max(x for x, _, _ in cells) == 11  # I at x = 7..11
+    hist = [[Turn("", "\n".join(f"/setblock {x} {y} {z} red_wool" for x, y, z in cells if (x + y) % 2 == 0))],
+            [Turn("", "\n".join(f"/setblock {x} {y} {z} blue_wool" for x, y, z in cells if (x + y) % 2 == 1))]]
+    [r] = t.history_rewards([p], [hist])
+    assert r.levels["iou"] == 1.0 and r.levels["coverage"] == 1.0 and r.passed
+    [narrow] = task().history_rewards([p], [hist])  # the default 1-column wall
+    assert narrow.levels["iou"] < 1.0
+    assert "x = column 0..11" in t.initial_prompts(p)[0]  # own prompts show the wider wall
+
 def test_feedback_prompts_and_early_success_end_the_episode():
     t = task()
     p = Problem("p", {"target": "T"})

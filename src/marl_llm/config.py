@@ -297,8 +297,11 @@ class HumanEvalTaskConfig:
     data: DataConfig = field(default_factory=lambda: DataConfig(
         source="packaged", hub_id="openai/openai_humaneval", train_split="test[33:163]", eval_split="test[:32]",
         packaged_train_split="${.train_split}", packaged_eval_split="${.eval_split}"))
-    # Turn-2 feedback: detailed | binary | level | plain.
+    # Turn-2 feedback: detailed | binary | level | plain (task.prompts=own only).
     feedback: str = "detailed"
+    # Prompt wording: own (marl-llm's prompts and task.feedback) | paper (the reference trainers'
+    # formatters and level_feedback turns, byte for byte; docs/prompts_code.md).
+    prompts: str = "own"
     # Training reward = task reward + shift (the paper trains on [-4, 0]).
     reward_shift: float = -4.0
     reward: CodeRewardConfig = field(default_factory=CodeRewardConfig)
@@ -349,6 +352,9 @@ class WritingTaskConfig:
     reward: WritingRewardConfig = field(default_factory=WritingRewardConfig)
     # Training reward = task reward + shift (the writing papers train on the unshifted [0, 3]).
     reward_shift: float = 0.0
+    # Prompt wording: own (marl-llm's prompts) | paper (the reference trainers' per-agent formatters,
+    # byte for byte; docs/rewards_writing.md, "Prompts").
+    prompts: str = "own"
 
 
 @dataclass
@@ -403,6 +409,10 @@ class StrBuildTaskConfig:
     eval_seed: int = 100000
     num_eval: int = 16
     reward_shift: float = 0.0
+    # own: this project's feedback prompts; paper: the CoLLM reference's (docs/prompts_strbuild.md).
+    prompts: str = "own"
+    # Empty columns between letters on the wall (the CoLLM reference's configs: 2, dataset.spacing).
+    letter_gap: int = 1
 
 
 # --------------------------------------------------------------------------------------- logger
@@ -639,6 +649,7 @@ def validate(cfg: DictConfig) -> None:
         _check(0 < cfg.task.success_coverage <= 1, "task.success_coverage", "must be in (0, 1]")
         _check(cfg.task.success_max_extra >= 0, "task.success_max_extra", "must be >= 0")
         _check(cfg.task.num_eval >= 1, "task.num_eval", "must be >= 1")
+        _check(cfg.task.get("letter_gap", 1) >= 0, "task.letter_gap", "must be >= 0")
     if "data" in cfg.task:
         _choice(cfg, "task.data.source", ("auto", "hub", "files", "packaged"))
         for key in ("train_split", "eval_split", "packaged_train_split", "packaged_eval_split"):
@@ -659,6 +670,8 @@ def validate(cfg: DictConfig) -> None:
         _check(r.jaccard_cap > 0, "task.reward.jaccard_cap", "must be > 0")
     if "feedback" in cfg.task:
         _choice(cfg, "task.feedback", ("detailed", "binary", "level", "plain"))
+    if "prompts" in cfg.task:
+        _choice(cfg, "task.prompts", ("paper", "own"))
     if "sandbox" in cfg.task:
         sb = cfg.task.sandbox
         _check(sb.timeout_s > 0, "task.sandbox.timeout_s", "must be > 0")

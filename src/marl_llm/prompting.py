@@ -23,6 +23,31 @@ class PromptFormat:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
+class Message(str):
+    """A user message that also says how a reference sent it (a task's `paper` prompts): `system`,
+    a system message placed before it in the chat template; `raw`, sent as plain text without the
+    template even when the model's prompts are templated (StrBuild's reference templates only its
+    first turn). Everywhere else (histories, logs, feedback) it is just its text."""
+
+    system: str | None
+    raw: bool
+
+    def __new__(cls, text: str, system: str | None = None, raw: bool = False) -> "Message":
+        obj = super().__new__(cls, text)
+        obj.system, obj.raw = system, raw
+        return obj
+
+    def __reduce__(self):  # pickles (checkpointed samples, worker processes) keep the parts
+        return Message, (str(self), self.system, self.raw)
+
+
+def chat_messages(message: str) -> list[dict[str, str]]:
+    """The chat-template messages of a user message (with its system message, if it has one)."""
+    system = getattr(message, "system", None)
+    return ([{"role": "system", "content": system}] if system is not None else []) + \
+        [{"role": "user", "content": str(message)}]
+
+
 def template_variables(template: str) -> set[str]:
     """The variables a Jinja chat template reads (its undeclared names)."""
     import jinja2
@@ -52,10 +77,11 @@ def prompt_format(tokenizer, setting: Any, template_kwargs: dict[str, Any], mode
 
 def encode_prompt(tokenizer, message: str) -> list[int]:
     """A user message as prompt ids, in the tokenizer's checked `prompt_format` (unset: the chat
-    template with the assistant header when the tokenizer has one, else the raw text)."""
+    template with the assistant header when the tokenizer has one, else the raw text). A `Message`
+    adds its system message, or is sent raw when it says so."""
     fmt = getattr(tokenizer, "prompt_format", None) or PromptFormat(bool(getattr(tokenizer, "chat_template", None)))
-    if fmt.use_template:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
+    if fmt.use_template and not getattr(message, "raw", False):
+        ids = tokenizer.apply_chat_template(chat_messages(message), add_generation_prompt=True,
                                             tokenize=True, return_dict=True, **fmt.template_kwargs)["input_ids"]
         return list(ids)
-    return tokenizer(message, add_special_tokens=True)["input_ids"]
+    return tokenizer(str(message), add_special_tokens=True)["input_ids"]

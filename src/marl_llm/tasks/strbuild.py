@@ -15,16 +15,29 @@ success_max_extra: `passed`, and the node is not expanded further).
 Targets: `task.train_targets` / `task.eval_targets` when given, else random uppercase strings of
 `min_letters`..`max_letters` letters, the evaluation set drawn first from `eval_seed` and never
 used for training.
+
+The wall leaves `task.letter_gap` empty columns between letters (1; the reference's configs: 2).
+
+Prompts (`task.prompts`): `own` is the wording above; `paper` the CoLLM reference's prompts
+(strbuild_prompts_paper.json, docs/prompts_strbuild.md): turn 1 shows the wall's bounding box and
+the agent's blocks (no target picture), later turns every target position of the letters and the
+agent's previous commands. They show no build state. As the reference sends them, turn 1 is a
+`Message` with the system text as its system message (the chat template gets [system, user]),
+later turns a raw `Message` (tokenized as plain text, no template).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import string
+from functools import lru_cache
+from importlib import resources
 from typing import Any
 
 from marl_llm.config import UserError
-from marl_llm.envs.strbuild import FONT, StrBuildEnv
+from marl_llm.envs.strbuild import FONT, GAP, HEIGHT, StrBuildEnv
+from marl_llm.prompting import Message
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn, register_task
 
 INSTRUCTIONS = (
@@ -35,6 +48,14 @@ INSTRUCTIONS = (
 # Ends every prompt: without it the 135M model describes the puzzle instead of writing commands.
 OUTRO = ("\n\nWrite your /setblock commands now, one per line, for missing target positions (z is 0), e.g.\n"
          "/setblock 0 4 0 {first}\n/setblock 1 4 0 {second}")
+
+PAPER_PROMPTS = "strbuild_prompts_paper.json"
+
+
+@lru_cache(maxsize=1)
+def paper_prompts() -> dict[str, Any]:
+    """The reference's prompt texts (task.prompts=paper), shipped in the package."""
+    return json.loads(resources.files("marl_llm.tasks").joinpath(PAPER_PROMPTS).read_text(encoding="utf-8"))
 
 
 @register_task("strbuild")
@@ -48,6 +69,13 @@ class StrBuildTask(Task):
             raise UserError("task.palettes is empty: give one list of block names per builder")
         self.agent_names = tuple(f"builder{i + 1}" for i in range(len(self.palettes)))
         self.max_turns = int(cfg.max_turns)
+        self.letter_gap = int(cfg.get("letter_gap", GAP))
+        if self.letter_gap < 0:
+            raise UserError(f"task.letter_gap={self.letter_gap}: need >= 0 empty columns between letters")
+        self.prompt_style = str(cfg.get("prompts", "own"))
+        if self.prompt_style == "paper" and len(self.palettes) > 2:
+            raise UserError(f"task.prompts=paper has the reference's prompts for 1 or 2 builders, not "
+                            f"{len(self.palettes)}: give at most two task.palettes or use task.prompts=own")
         try:  # checks the palettes (disjoint, no air) once, with the simulator's own messages
             self.new_env("A")
         except ValueError as err:
@@ -55,7 +83,7 @@ class StrBuildTask(Task):
 
     def new_env(self, target: str) -> StrBuildEnv:
         c = self.cfg
-        return StrBuildEnv(target, self.palettes, max_turns=self.max_turns,
+        return StrBuildEnv(target, self.palettes, max_turns=self.max_turns, letter_gap=self.letter_gap,
                            success_coverage=float(c.success_coverage), success_max_extra=float(c.success_max_extra))
 
     # -- data --------------------------------------------------------------------------------
@@ -102,7 +130,48 @@ class StrBuildTask(Task):
 
     def initial_prompts(self, problem: Problem) -> list[str]:
         env = self.new_env(problem.data["target"])
+        if self.prompt_style == "paper":
+            return [self._paper_prompt(env, i) for i in range(self.num_agents)]
         return [self._prompt(problem, i, env.feedback(i)) for i in range(self.num_agents)]
+
+    # task.prompts=paper: the reference's texts, filled with this simulator's wall.
+    def _paper_blocks(self, agent: int) -> str:
+        """The agent's block lines: its palette, then the remove block."""
+        data = paper_prompts()
+        blocks = [*self.palettes[agent], *(b for b in data["extra_blocks"] if b not in self.palettes[agent])]
+        return "\n".join(data["block_line"].format(block=b) for b in blocks)
+
+    def _paper_first_turn(self, env: StrBuildEnv, agent: int) -> str:
+        """Agent `agent`'s turn-1 text without the system part: the wall's bounding box (inclusive,
+        [x, y, z] with no spaces) and its blocks, the remove block last."""
+        data = paper_prompts()
+        key = "single" if self.num_agents == 1 else f"agent{agent + 1}"
+        return data["first_turn"][key].format(bbox_from="[0,0,0]", bbox_to=f"[{env.width - 1},{HEIGHT - 1},0]",
+                                              blocks=self._paper_blocks(agent)).rstrip()
+
+    def _paper_prompt(self, env: StrBuildEnv, agent: int) -> Message:
+        """Turn 1: the agent's first-turn text as the user message, the system text as its system
+        message (the reference's chat [system, user])."""
+        return Message(self._paper_first_turn(env, agent), system=paper_prompts()["system"].rstrip())
+
+    def _paper_followup(self, env: StrBuildEnv, agent: int, turn: int, previous: str) -> Message:
+        """Turn `turn` (>= 2), sent raw (the reference skips the chat template): the system text, the
+        letter positions (top row first, left to right), the first-turn text again and the agent's
+        previous completion (left out when blank)."""
+        data = paper_prompts()
+        cells = sorted(env.target_cells(), key=lambda p: (-p[1], p[0], p[2]))
+        total = int(data["max_commands_total"])
+        limits = [max(1, total // self.num_agents)] * self.num_agents
+        limits[0] += total % self.num_agents
+        positions = ("\n".join(data["position_line"].format(x=x, y=y, z=z) for x, y, z in cells)
+                     if cells else data["no_positions"])
+        parts = [data["system"].rstrip(), "", data["followup"].format(
+            turn=turn, target_count=max(1, len(cells) // 2) if cells else 0, max_commands=limits[agent],
+            positions=positions, blocks=self._paper_blocks(agent)),
+            "", self._paper_first_turn(env, agent)]
+        if previous.strip():
+            parts += ["", data["previous_commands"], previous.strip()]
+        return Message("\n".join(parts).strip(), raw=True)
 
     def replay(self, problem: Problem, history: list[list[Turn]]) -> JointReward:
         """Build the target from scratch with every turn's joint action; the last turn's score."""
@@ -131,4 +200,7 @@ class StrBuildTask(Task):
         return [self.replay(p, [[Turn("", a)] for a in actions]) for p, actions in zip(problems, joint_actions)]
 
     def next_prompts(self, problem: Problem, histories: list[list[Turn]], reward: JointReward) -> list[str]:
+        if self.prompt_style == "paper":
+            env = self.new_env(problem.data["target"])
+            return [self._paper_followup(env, i, len(h) + 1, h[-1].action) for i, h in enumerate(histories)]
         return [self._prompt(problem, i, fb) for i, fb in enumerate(reward.info["feedback"])]

@@ -12,6 +12,12 @@ trainer's reward reproduced exactly, on the texts as generated (the reference do
 it takes its bands and lists from its data file and ignores the other `task.reward` fields.
 See docs/rewards_writing.md.
 
+Prompts: `task.prompts` picks the agents' wording. `own` (default): the role texts below.
+`paper`: the reference trainers' per-agent prompts, byte for byte: the templates in
+writing_prompts_paper.json filled with the row's `text_field` value as is (no stripping, a
+trailing "TL;DR:" kept; a missing or empty value gives the reference's error prompt). The
+single-agent baseline keeps its own prompt either way.
+
 Data: `task.data` (see marl_llm.tasks.data); the offline samples were written for this project.
 The single-agent baseline (`algo=single`) writes both parts in one answer, separated by the
 line SINGLE_SEPARATOR; a missing separator leaves part 2 empty (structure fails: reward 0).
@@ -19,7 +25,11 @@ line SINGLE_SEPARATOR; a missing separator leaves part 2 empty (structure fails:
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
 from typing import Any, ClassVar
 
 from marl_llm.tasks.base import JointReward, Problem, Task, register_task
@@ -28,6 +38,43 @@ from marl_llm.tasks.writing_reward_paper import PaperRewardSpec, score_writing_p
 
 SINGLE_SEPARATOR = "[PART 2]"
 _PART1 = re.compile(r"^\s*\[PART 1\]\s*", re.IGNORECASE)
+
+
+@lru_cache(maxsize=None)
+def paper_prompt_data() -> dict[str, Any]:
+    """writing_prompts_paper.json: the reference's prompt templates (see its `_about`)."""
+    text = resources.files("marl_llm.tasks").joinpath("writing_prompts_paper.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+@dataclass(frozen=True)
+class PaperPrompts:
+    """The reference's prompts of one writing task: one template per agent around the row's text."""
+
+    field: str
+    if_empty: str
+    # (before, after) of each agent's template: the prompt is before + text + after.
+    parts: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def for_task(cls, task: str) -> "PaperPrompts":
+        data = paper_prompt_data()
+        spec, mark = data["tasks"][task], data["placeholder"]
+        parts = []
+        for template in spec["agents"]:
+            before, sep, after = template.partition(mark)
+            if not sep or mark in after:
+                raise ValueError(f"writing_prompts_paper.json: a {task} template must hold {mark} exactly once")
+            parts.append((before, after))
+        return cls(field=spec["field"], if_empty=spec["if_empty"], parts=tuple(parts))
+
+    def render(self, row: dict[str, Any], field: str | None = None) -> list[str]:
+        """Every agent's prompt for a data row, reading `field` (default: the reference's field)."""
+        value = row.get(field or self.field, "")
+        if not value:  # missing, None, empty: the reference answers with a fixed prompt
+            return [self.if_empty for _ in self.parts]
+        text = format(value, "")  # what an f-string inserts
+        return [before + text + after for before, after in self.parts]
 
 
 class WritingTask(Task):
@@ -49,6 +96,10 @@ class WritingTask(Task):
         if self.reward_variant not in ("paper", "fixed"):
             raise ValueError(f"task.reward.variant={self.reward_variant!r}: expected paper or fixed")
         self.paper_spec = PaperRewardSpec.for_task(self.paper_task) if self.reward_variant == "paper" else None
+        self.prompt_variant = str(getattr(cfg, "prompts", "own"))
+        if self.prompt_variant not in ("paper", "own"):
+            raise ValueError(f"task.prompts={self.prompt_variant!r}: expected paper or own")
+        self.paper_prompts = PaperPrompts.for_task(self.paper_task) if self.prompt_variant == "paper" else None
 
     def score(self, text1: str, text2: str) -> JointReward:
         """The joint reward of one pair of generated texts under `task.reward.variant`."""
@@ -63,6 +114,8 @@ class WritingTask(Task):
         return f"{instruction}\n\n{self.source_label}:\n{self.source_text(problem)}"
 
     def initial_prompts(self, problem: Problem) -> list[str]:
+        if self.paper_prompts is not None:
+            return self.paper_prompts.render(problem.data, str(self.cfg.text_field))
         return [self._prompt(problem, role) for role in self.roles]
 
     def joint_rewards(self, problems: list[Problem], joint_actions: list[list[str]]) -> list[JointReward]:
