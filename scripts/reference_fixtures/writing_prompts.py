@@ -29,10 +29,11 @@ import argparse
 import importlib.abc
 import importlib.util
 import json
-import subprocess
 import sys
 import types
 from pathlib import Path
+
+from checkout import git_commit  # scripts/reference_fixtures/checkout.py
 from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[2]
@@ -181,14 +182,6 @@ def templates(formatters: dict[str, list[Callable]], candidates: list[str]) -> d
         out[task] = {"field": field, "if_empty": empty.pop(), "agents": agents,
                      "formatters": [f.__name__ for f in fmts]}
     return out
-
-
-def git_commit(checkout: Path) -> str | None:
-    try:
-        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def main(argv: list[str] | None = None) -> None:

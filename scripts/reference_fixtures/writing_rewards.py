@@ -29,9 +29,10 @@ import io
 import json
 import random
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+from checkout import git_commit  # scripts/reference_fixtures/checkout.py
 from typing import Callable, Iterator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -324,14 +325,6 @@ def build(task: str, func: Callable, seed: int, n_english: int) -> tuple[list[di
         counts[r["kind"]] = counts.get(r["kind"], 0) + 1
     by_level = {lvl: sum(r["reached"] == lvl for r in rows) for lvl in (1, 2, 3, 4)}
     return rows, {"kinds": counts, "reached": by_level}
-
-
-def git_commit(checkout: Path) -> str | None:
-    try:
-        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def main(argv: list[str] | None = None) -> None:
