@@ -19,6 +19,11 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
+# MARL_LLM_TEST_DEVICE=cuda runs the in-process tests' models on CUDA (the tiny model in bf16:
+# model.dtype=auto); default cpu, so a GPU machine runs the same suite as CI unless asked.
+TEST_DEVICE = os.environ.get("MARL_LLM_TEST_DEVICE", "cpu")
+
+
 def build_tiny_model(path: Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -50,14 +55,14 @@ def compose_config(overrides: list[str]):
 
 def tiny_overrides(model_dir: Path, run_dir: Path, *extra: str) -> list[str]:
     """A training config that runs in seconds on the tiny model."""
-    return ["model=local", f"model.path={model_dir}", "logger=none", f"run_dir={run_dir}",
+    return ["model=local", f"model.path={model_dir}", f"model.device={TEST_DEVICE}", "logger=none", f"run_dir={run_dir}",
             "algo.num_generations=2", "algo.sampling.max_new_tokens=6", "algo.lora.r=4",
             "algo.lora.target_modules=[q_proj,v_proj]", "trainer.max_steps=1", "trainer.eval_max_problems=2",
             "task.data.train_split='test[33:37]'", *extra]
 
 
 def make_policies(model_dir: Path, agents=("aux", "main"), adapters: str = "per_agent", agent_bases=None,
-                  lr: float = 1e-2, seed: int = 0, policy_map=None):
+                  lr: float = 1e-2, seed: int = 0, policy_map=None, attn_implementation: str | None = "sdpa"):
     """AgentPolicies on the tiny model, with LoRA B matrices made non-zero so adapters matter."""
     import torch
     from omegaconf import OmegaConf
@@ -65,8 +70,8 @@ def make_policies(model_dir: Path, agents=("aux", "main"), adapters: str = "per_
     from marl_llm.models import AgentPolicies
 
     model_cfg = OmegaConf.create(dict(name="tiny", path=str(model_dir), embedded=False, hub_id=None, dtype="auto",
-                                      device="cpu", attn_implementation="sdpa", trust_remote_code=False,
-                                      agent_bases=agent_bases))
+                                      device=TEST_DEVICE, attn_implementation=attn_implementation,
+                                      trust_remote_code=False, agent_bases=agent_bases))
     algo_cfg = OmegaConf.create(dict(adapters=adapters, learning_rate=lr, weight_decay=0.0, policy_map=policy_map or {},
                                      lora=dict(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])))
     policies = AgentPolicies(tuple(agents), model_cfg, algo_cfg, seed)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import compose_config, make_policies
+from conftest import TEST_DEVICE, compose_config, make_policies
 from marl_llm.algos.base import AgentBatch
 from marl_llm.algos.magrpo import MAGRPO
 from marl_llm.config import UserError
@@ -121,7 +121,7 @@ def test_missing_lora_targets_name_the_fix(tiny_model_dir):
     from marl_llm.models import AgentPolicies
 
     model_cfg = OmegaConf.create(dict(name="t", path=str(tiny_model_dir), embedded=False, hub_id=None, dtype="auto",
-                                      device="cpu", attn_implementation=None, trust_remote_code=False,
+                                      device=TEST_DEVICE, attn_implementation=None, trust_remote_code=False,
                                       agent_bases=None))
     algo_cfg = OmegaConf.create(dict(adapters="per_agent", learning_rate=1e-3, weight_decay=0.0,
                                      lora=dict(r=2, alpha=4, dropout=0.0, target_modules=["c_attn"])))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import REPO, compose_config
+from conftest import REPO, TEST_DEVICE, compose_config
 from marl_llm.algos.at_grpo import ATGRPO, ATTree, filter_groups
 from marl_llm.config import validate
 from marl_llm.envs.plan_path import PlanPathEnv
@@ -238,7 +238,7 @@ def test_lora_all_linear_reaches_every_linear_layer(tiny_model_dir):
     from marl_llm.models import AgentPolicies
 
     model_cfg = OmegaConf.create(dict(name="tiny", path=str(tiny_model_dir), embedded=False, hub_id=None, dtype="auto",
-                                      device="cpu", attn_implementation="sdpa", trust_remote_code=False,
+                                      device=TEST_DEVICE, attn_implementation="sdpa", trust_remote_code=False,
                                       agent_bases=None))
     algo_cfg = OmegaConf.create(dict(adapters="per_agent", learning_rate=1e-3, weight_decay=0.01, policy_map={},
                                      lora=dict(r=2, alpha=4, dropout=0.0, target_modules=["all-linear"])))

@@ -184,6 +184,7 @@ def test_gradient_sync_is_the_batch_weighted_mean_over_ranks(tmp_path):
 @pytest.mark.parametrize("extra,message", [
     (["trainer.prompts_per_step=3"], "trainer.prompts_per_step=3 does not split over 2 processes"),
     (["-m", "seed=0,1"], "never inside torchrun"),
+    (["model.device=cuda:0"], "puts every rank on GPU 0: use model.device=cuda"),
 ])
 def test_bad_multiprocess_input_names_the_fix(tiny_model_dir, tmp_path, extra, message):
     args = [a for a in run_args(tiny_model_dir) if not a.startswith("trainer.prompts_per_step")] + extra

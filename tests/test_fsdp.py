@@ -107,15 +107,20 @@ LOCKSTEP_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
-def test_sharded_passes_run_in_lockstep_and_match_the_whole_model(tiny_model_dir, tmp_path):
-    script = tmp_path / "lockstep.py"
-    script.write_text(LOCKSTEP_SCRIPT)
+def run_two_ranks(script_text: str, tmp_path: Path, model_dir: Path) -> list[dict]:
+    """Runs `script_text` on 2 gloo ranks under torchrun; each rank's rank<r>.json, by rank."""
+    script = tmp_path / "ranks.py"
+    script.write_text(script_text)
     out = subprocess.run([str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", str(script), str(tmp_path),
-                          str(tiny_model_dir), str(Path(__file__).parent)],
+                          str(model_dir), str(Path(__file__).parent)],
                          env=env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+    return [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+
+
+@pytest.mark.slow
+def test_sharded_passes_run_in_lockstep_and_match_the_whole_model(tiny_model_dir, tmp_path):
+    results = run_two_ranks(LOCKSTEP_SCRIPT, tmp_path, tiny_model_dir)
     assert [r["rank"] for r in results] == [0, 1]
     for r in results:
         assert r["is_sharded"] == [True, False]
@@ -163,3 +168,123 @@ def test_one_process_fsdp_leaves_the_base_whole(tiny_model_dir, tmp_path):
                          env=env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "trainer.fsdp=true on one process: nothing to shard" in out.stdout
+
+
+UNSHARD_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    from torch.distributed.tensor import DTensor
+    sys.path.insert(0, sys.argv[3])
+    from conftest import make_policies
+    from marl_llm import distributed, fsdp
+    from marl_llm.rollout import GenRequest, HFRollout, SamplingParams, sample_key
+
+    w = distributed.init(timeout_min=5, cpu=True)
+    r, out = w.rank, {"rank": w.rank}
+    sharded, whole = make_policies(sys.argv[2]), make_policies(sys.argv[2])  # same seed: same adapters
+    fsdp.shard_policies(sharded)
+    model = sharded.models[0]
+    out["units"] = len(fsdp._units(model))
+
+    # Count the collectives this rank calls: FSDP's all-gathers, and all-reduces (lockstep rounds).
+    calls = {"all_gather_single": 0, "all_reduce": 0}
+    def counted(name):
+        fn = getattr(torch.distributed, name)
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        setattr(torch.distributed, name, wrapper)
+    for name in calls:
+        counted(name)
+    def since(mark):
+        return {k: calls[k] - mark[k] for k in calls}
+    def is_whole():  # FSDP registers the full weights as plain tensors, the shards as DTensors
+        return not any(isinstance(p, DTensor) for n, p in model.named_parameters() if "lora_" not in n)
+
+    # Uneven rollouts (rank 0: two calls of 6 and 3 tokens; rank 1: one call of 2), first with the
+    # base unsharded once (the first passes of the sharded model), then per pass (switch off).
+    def requests(call, n_new):
+        return [GenRequest(agent=a, message=f"call {call} agent {a} of rank {r}",
+                           sampling=SamplingParams(temperature=1.0, max_new_tokens=n_new, min_new_tokens=n_new),
+                           key=sample_key(r, call, a)) for a in (0, 1)]
+    plan = [(0, 6), (1, 3)] if r == 0 else [(0, 2)]
+    def rollout(policies):
+        return [[c.completion_ids.tolist() for c in HFRollout(policies).generate(requests(*p))] for p in plan]
+    want = rollout(whole)
+
+    out["whole_before"] = is_whole()
+    mark = dict(calls)
+    with fsdp.unsharded(sharded):
+        out["entry"], mark = since(mark), dict(calls)
+        out["whole_inside"] = is_whole()
+        got = rollout(sharded)
+        out["inside"] = since(mark)
+        try:  # a pass with gradients would reshard in its backward: refused
+            model(input_ids=torch.tensor([[5, 6, 7]]))
+        except RuntimeError as err:
+            out["grad_inside"] = str(err)
+    out["whole_after"] = is_whole()
+    out["unsharded_equal"] = got == want
+    out["lengths"] = [[len(ids) for ids in call] for call in got]
+    distributed.barrier()
+
+    mark = dict(calls)
+    with fsdp.unsharded(sharded, enabled=False):
+        per_pass = rollout(sharded)
+    distributed.settle()
+    out["per_pass"] = since(mark)
+    out["per_pass_equal"] = per_pass == want
+
+    # Evaluation's arrangement: every rank enters, rank 0 alone decodes, rank 1 waits at the barrier.
+    mark = dict(calls)
+    with fsdp.unsharded(sharded):
+        entered = dict(calls)
+        if r == 0:
+            solo = [c.completion_ids.tolist() for c in HFRollout(sharded).generate(requests(7, 4))]
+            out["solo_equal"] = solo == [c.completion_ids.tolist() for c in HFRollout(whole).generate(requests(7, 4))]
+        out["solo_inside"] = since(entered)
+    distributed.barrier()
+    out["solo_whole_after"] = is_whole()
+
+    # Training passes after a window still run in lockstep and match the whole model.
+    def grads(policies):
+        with policies.acting(0) as m:
+            for i in range(2 if r == 0 else 1):
+                logits = m(input_ids=torch.tensor([[5 + i, 6, 7 + r]])).logits
+                logits.float().logsumexp(-1).sum().backward()
+        params = policies.adapter_parameters(0, "agent_aux")
+        distributed.sync_gradients(params, 1.0)
+        return torch.cat([p.grad.flatten() for p in params])
+    out["grad_max_diff"] = float((grads(sharded) - grads(whole)).abs().max())
+    with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
+        json.dump(out, f)
+    distributed.shutdown()
+""")
+
+
+@pytest.mark.slow
+def test_rollouts_unshard_the_base_once_and_run_without_collectives(tiny_model_dir, tmp_path):
+    results = run_two_ranks(UNSHARD_SCRIPT, tmp_path, tiny_model_dir)
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:
+        assert r["units"] == 3  # the root and two decoder layers
+        # Entering: one all-gather per unit, and one round (settle: no rank is mid-pass).
+        assert r["entry"] == {"all_gather_single": r["units"], "all_reduce": 1}
+        assert not r["whole_before"] and r["whole_inside"] and not r["whole_after"]
+        assert r["inside"] == {"all_gather_single": 0, "all_reduce": 0}  # no collective while decoding
+        assert "with gradients inside fsdp.unsharded()" in r["grad_inside"]
+        assert r["unsharded_equal"] and r["per_pass_equal"]
+        # Per pass (the switch off) every forward pass all-gathers and runs a round.
+        assert r["per_pass"]["all_gather_single"] > 0 and r["per_pass"]["all_reduce"] > 0
+        assert r["solo_inside"] == {"all_gather_single": 0, "all_reduce": 0}  # rank 0 decodes, rank 1 waits
+        assert not r["solo_whole_after"]
+        assert r["grad_max_diff"] < 1e-5
+    assert results[0]["solo_equal"]
+    # Uneven rollouts: the ranks decoded different numbers of calls and tokens inside the window.
+    assert results[0]["lengths"] == [[6, 6], [3, 3]] and results[1]["lengths"] == [[2, 2]]
+    # Per pass, rank 0's passes (2 prefills, 5 + 2 decode steps) are rounds that rank 1 joins with
+    # dummy passes, plus the closing round; each all-gathers both layers (the root unit, kept
+    # after its first pass without gradients, once).
+    passes = 2 + (6 - 1) + (3 - 1)
+    for r in results:
+        assert r["per_pass"] == {"all_gather_single": 2 * passes + 1, "all_reduce": passes + 1}

@@ -9,7 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import compose_config, tiny_overrides
+from conftest import TEST_DEVICE, compose_config, tiny_overrides
 from marl_llm import fsdp, models
 from marl_llm.checkpoint import load_checkpoint
 from marl_llm.config import UserError, validate
@@ -62,7 +62,7 @@ def one_step(cfg):
 
 def small_policies(model_dir, agents=("aux", "main"), dtype="auto", **algo):
     model_cfg = OmegaConf.create(dict(name="tiny", path=str(model_dir), embedded=False, hub_id=None, dtype=dtype,
-                                      device="cpu", attn_implementation="sdpa", trust_remote_code=False,
+                                      device=TEST_DEVICE, attn_implementation="sdpa", trust_remote_code=False,
                                       agent_bases=None))
     algo_cfg = OmegaConf.create({**dict(adapters="per_agent", learning_rate=1e-3, weight_decay=0.0, policy_map={},
                                         lora=None), **algo})
@@ -173,7 +173,7 @@ def test_point_of_use_guards(tiny_model_dir):
 def test_exact_resume_and_a_mismatched_resume_is_refused(tiny_model_dir, tmp_path):
     def overrides(run_dir, steps, *extra):
         return base_overrides(tiny_model_dir, run_dir, f"trainer.max_steps={steps}", "trainer.save_every=1",
-                              "algo.baseline=raw", "algo.learning_rate=1e-3", *extra)
+                              "algo.baseline=raw", "algo.learning_rate=1e-3", "trainer.deterministic=true", *extra)
 
     train(compose_config(overrides(tmp_path / "straight", 2)))
     train(compose_config(overrides(tmp_path / "resumed", 1)))

@@ -27,7 +27,8 @@ def overrides(model_dir, run_dir, steps, *extra):
     # The raw baseline: advantage = shifted reward, so the adapters move even though the tiny
     # model's rewards are all equal (group-relative advantages would be zero).
     return tiny_overrides(model_dir, run_dir, f"trainer.max_steps={steps}", "trainer.save_every=1",
-                          "trainer.eval_before=false", "trainer.eval_after=false", "algo.baseline=raw", *extra)
+                          "trainer.eval_before=false", "trainer.eval_after=false", "algo.baseline=raw",
+                          "trainer.deterministic=true", *extra)
 
 
 

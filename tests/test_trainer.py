@@ -43,7 +43,7 @@ def test_same_seed_same_run(tiny_model_dir, tmp_path):
     for name in ("a", "b"):
         run_dir = tmp_path / name
         train(compose_config(tiny_overrides(tiny_model_dir, run_dir, "trainer.max_steps=2", "trainer.eval_before=false",
-                                            "algo.baseline=raw")))  # nonzero advantages: the adapters move
+                                            "algo.baseline=raw", "trainer.deterministic=true")))  # nonzero advantages: the adapters move
         runs.append(run_dir)
     ma, mb = metrics(runs[0]), metrics(runs[1])
     drop = ("step_time", "perf/", "timing/")
@@ -55,14 +55,15 @@ def test_same_seed_same_run(tiny_model_dir, tmp_path):
 def test_resume_continues_exactly(tiny_model_dir, tmp_path):
     straight = tmp_path / "straight"
     train(compose_config(tiny_overrides(tiny_model_dir, straight, "trainer.max_steps=2", "trainer.eval_before=false",
-                                        "trainer.eval_after=false", "algo.baseline=raw")))
+                                        "trainer.eval_after=false", "algo.baseline=raw", "trainer.deterministic=true")))
     split = tmp_path / "split"
     train(compose_config(tiny_overrides(tiny_model_dir, split, "trainer.max_steps=1", "trainer.eval_before=false",
-                                        "trainer.eval_after=false", "algo.baseline=raw")))
+                                        "trainer.eval_after=false", "algo.baseline=raw", "trainer.deterministic=true")))
     ckpt = torch.load(split / "checkpoint.pt", weights_only=False)
     assert ckpt["step"] == 1 and {"adapters", "optimizers", "rng", "config", "wandb_id"} <= set(ckpt)
     train(compose_config(tiny_overrides(tiny_model_dir, split, "trainer.max_steps=2", "trainer.eval_before=false",
-                                        "trainer.eval_after=false", "algo.baseline=raw", "trainer.resume=true")))
+                                        "trainer.eval_after=false", "algo.baseline=raw", "trainer.resume=true",
+                                        "trainer.deterministic=true")))
     assert [r["step"] for r in metrics(split)] == [1, 2]
     assert trained(adapters(straight)) and same_adapters(adapters(straight), adapters(split))
     last_a, last_b = metrics(straight)[-1], metrics(split)[-1]

@@ -34,7 +34,11 @@ class ModelConfig:
     dtype: str = "auto"
     # "auto": cuda when available, else cpu.
     device: str = "auto"
-    attn_implementation: Optional[str] = "sdpa"
+    # Attention kernel (attention.py). auto: flash_attention_2 on CUDA when flash-attn is
+    # installed, else sdpa_gqa (SDPA without repeating K/V for grouped-query attention with a
+    # padding mask) on CUDA and CPU, sdpa elsewhere. Or any transformers name: sdpa, eager, flash_attention_2
+    # (needs `pip install flash-attn`), ...; null: transformers' default.
+    attn_implementation: Optional[str] = "auto"
     trust_remote_code: bool = False
     # Heterogeneous agents: one base model per agent (each entry a local path, a hub id, or
     # "embedded"). Null: every agent is a LoRA adapter on ONE shared frozen base.
@@ -95,6 +99,10 @@ class PolicyConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     # Per-agent overrides of `sampling`, keyed by agent name, e.g. {main: {temperature: 0.9}}.
     agent_sampling: Dict[str, Any] = field(default_factory=dict)
+    # trainer.rollout=vllm samples with vLLM's kernels, not the trainer's: every token's loss is
+    # weighted by the truncated importance ratio min(exp(logp_trainer - logp_vllm), cap) (TIS, as
+    # verl's rollout IS). Null: no weighting (rollout_is/* metrics still logged). No effect with hf.
+    rollout_is_cap: Optional[float] = 2.0
 
 
 @dataclass
@@ -448,23 +456,50 @@ class TrainerConfig:
     eval_k: List[int] = field(default_factory=lambda: [1])
     # Generation chunk: at most this many sequences per `generate` call (training and eval).
     sequences_per_generate: int = 32
+    # The hf rollout's decode loop (docs/gpu.md): dynamic (finished rows leave the batch every 16
+    # steps; varied lengths) | static (fixed shapes over a StaticCache, no row ever leaves: what
+    # CUDA graphs / torch.compile need). Same tokens either way. compile_decode: run the static
+    # step under torch.compile (CUDA graphs on a GPU; minutes of compiling per new shape).
+    decode: str = "dynamic"
+    compile_decode: bool = False
     # Save a checkpoint every N steps (0: only at the end).
     save_every: int = 0
     # Continue from <run_dir>/checkpoint if it exists.
     resume: bool = False
-    gradient_checkpointing: bool = False
+    # Recompute activations in the backward pass instead of keeping them (actors and a separate
+    # critic): false | true | auto (on for bases of >= 4B parameters on CUDA, where activations
+    # dominate memory; off on the CPU, where it costs more than it saves: it turns off the
+    # shared-prompt encoding of the update).
+    gradient_checkpointing: Any = False
+    # Bitwise-reproducible runs on CUDA (same seed, same run; resume equals uninterrupted):
+    # torch's deterministic algorithms with cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG,
+    # set before CUDA starts), cuDNN benchmarking off. Costs speed on CUDA (docs/gpu.md); CPU
+    # runs are reproducible either way.
+    deterministic: bool = False
     # Rollout backend: hf (the trainer's own models, any device) or vllm (GPU; multi-LoRA, one
     # adapter per agent, synced after every update). vllm_gpu_memory_utilization: vLLM's share.
     rollout: str = "hf"
     vllm_gpu_memory_utilization: float = 0.4
+    # vllm: put vLLM to sleep (level 1: base weights to CPU memory, KV cache dropped) during the
+    # update and wake it for the next rollout, so the update has the GPU memory. Costs a copy of
+    # the base weights each way per step; false keeps vLLM's share resident.
+    vllm_sleep: bool = True
     # Write a short markdown summary (before/after reward and pass@1, speed, memory) here.
     summary_file: Optional[str] = None
+    # Dense peak TFLOP/s of one device in the compute dtype, the denominator of the logged MFU
+    # (perf/mfu/*; the FLOP count is in perf.py). Null: from the CUDA device's name (H100 SXM bf16:
+    # 989.4); on the CPU or an unknown GPU no MFU is logged unless this is set.
+    peak_tflops: Optional[float] = None
     # Data-parallel runs (torchrun, accelerate launch, SLURM tasks): how long ranks wait for each
     # other (rank 0's evaluations and checkpoints) before the run fails.
     distributed_timeout_min: float = 120.0
     # Data-parallel runs: shard the frozen base over the ranks with FSDP (for a base that does
     # not fit one GPU; the adapters stay whole on every rank). No effect on one process.
     fsdp: bool = False
+    # With trainer.fsdp: all-gather the sharded base once per rollout (and evaluation) instead of
+    # every layer at every decode step, and free it before the update. Costs a whole copy of the
+    # base on every rank during rollouts; false keeps only the shards (and all-gathers per pass).
+    fsdp_unshard_rollout: bool = True
 
 
 # -------------------------------------------------------------------------------------- cluster
@@ -551,6 +586,11 @@ def validate(cfg: DictConfig) -> None:
     a, t = cfg.algo, cfg.trainer
     _choice(cfg, "model.dtype", ("auto", "float32", "bfloat16", "float16"))
     _choice(cfg, "trainer.rollout", ("hf", "vllm"))
+    _choice(cfg, "trainer.decode", ("dynamic", "static"))
+    _check(not t.compile_decode or t.decode == "static", "trainer.compile_decode",
+           "compiles the fixed-shape decode step: set trainer.decode=static")
+    _check(t.gradient_checkpointing in (True, False, "auto"), "trainer.gradient_checkpointing",
+           f"is {t.gradient_checkpointing!r}: use true, false or auto")
     _check(0 < t.vllm_gpu_memory_utilization < 1, "trainer.vllm_gpu_memory_utilization", "must be in (0, 1)")
     _check(cfg.model.device == "auto" or cfg.model.device.split(":")[0] in ("cpu", "cuda", "mps"),
            "model.device", f"{cfg.model.device!r}: use auto, cpu, cuda or cuda:<i>")
@@ -578,6 +618,9 @@ def validate(cfg: DictConfig) -> None:
     if "early_termination_rule" in a:
         _choice(cfg, "algo.early_termination_rule", ("joint_action", "node_mean"))
     _check(a.warmup_steps >= 0, "algo.warmup_steps", "must be >= 0")
+    cap = a.get("rollout_is_cap")
+    _check(cap is None or cap >= 1, "algo.rollout_is_cap", f"{cap} is below 1: set it >= 1 (e.g. 2.0; a token both "
+           "samplers agree on has weight 1) or null (no correction)")
     _check(0.0 <= a.min_lr_ratio <= 1.0, "algo.min_lr_ratio", "must be in [0, 1]")
     ct = cfg.model.chat_template
     _check(ct in ("auto", True, False), "model.chat_template", f"{ct!r} is not one of auto, true, false")
@@ -678,6 +721,8 @@ def validate(cfg: DictConfig) -> None:
         _check(sb.memory_mb >= 64, "task.sandbox.memory_mb", "must be >= 64")
         _check(sb.workers >= 1, "task.sandbox.workers", "must be >= 1")
     _check(t.max_steps >= 0, "trainer.max_steps", "must be >= 0")
+    _check(t.peak_tflops is None or t.peak_tflops > 0, "trainer.peak_tflops",
+           "must be > 0 (dense TFLOP/s of one device) or null (from the GPU's name)")
     _check(t.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1")
     _check(t.distributed_timeout_min > 0, "trainer.distributed_timeout_min", "must be > 0 (minutes)")
     _check(t.completions_per_micro_batch >= 1, "trainer.completions_per_micro_batch", "must be >= 1")

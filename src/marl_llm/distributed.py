@@ -82,11 +82,30 @@ def init(timeout_min: float, cpu: bool | None = None) -> World:
 
     if cpu is None:
         cpu = not torch.cuda.is_available()
+    if not cpu and "LOCAL_RANK" in os.environ:
+        # Before NCCL or anything else touches CUDA: otherwise each rank's first allocation
+        # (a CUDA context) lands on GPU 0.
+        torch.cuda.set_device(cuda_index(int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()))
     state = PartialState(cpu=cpu, timeout=timedelta(minutes=timeout_min))
     if state.num_processes > 1 and not cpu:
-        torch.cuda.set_device(state.local_process_index)  # "cuda" means this rank's GPU from here on
+        # "cuda" means this rank's GPU from here on.
+        torch.cuda.set_device(cuda_index(state.local_process_index, torch.cuda.device_count()))
     _WORLD = World(state.process_index, state.num_processes, state.local_process_index)
     return _WORLD
+
+
+def cuda_index(local_rank: int, visible: int) -> int:
+    """The GPU (index among the `visible` ones) of the rank with this local rank: its local rank,
+    or 0 where the launcher shows each task only its own GPU (CUDA_VISIBLE_DEVICES per task, e.g.
+    SLURM's --gpus-per-task). More ranks per node than GPUs is refused: they would share GPUs."""
+    if visible == 1:
+        return 0
+    if not 0 <= local_rank < visible:
+        from marl_llm.config import UserError
+
+        raise UserError(f"local rank {local_rank} but this node shows {visible} GPUs: start at most {visible} "
+                        f"processes per node (torchrun --nproc_per_node {visible})")
+    return local_rank
 
 
 def shard(items: Sequence[T], w: World | None = None) -> list[T]:
@@ -202,7 +221,7 @@ def _combine(key: str, values: list[float]) -> float:
     leaf = key.rsplit("/", 1)[-1]
     if leaf in ("num_tokens", "joint_actions") or key.startswith("perf/throughput") or key.endswith("tokens_per_s"):
         return float(sum(values))
-    if leaf.startswith("max_") or leaf == "peak_rss_gib" or key in ("step_time", "perf/time_per_step") \
+    if leaf.startswith("max_") or leaf in ("peak_rss_gib", "peak_gpu_mem_gib") or key in ("step_time", "perf/time_per_step") \
             or key.startswith("timing/"):
         return float(max(values))
     if leaf.startswith("min_"):

@@ -23,12 +23,22 @@ have gradients), until no rank runs a pass. Two rules make the kinds line up, an
   gradients in eval or in train mode), the code calls `distributed.settle()` first, unless a
   collective comes first anyway;
 - a pass with gradients is followed by its backward before the rank's next pass.
+
+Unsharded rollouts (`trainer.fsdp_unshard_rollout`, on by default). Decoding runs one forward
+pass per token, so per-pass all-gathers (and rounds) would dominate a rollout. `unsharded()`
+all-gathers every unit once, keeps the full weights through the rollout (a whole copy of the base
+on each rank meanwhile), and frees them after: no collective and no round runs inside, so the
+ranks decode at their own pace. The all-gathers are collectives, so every rank enters at the
+same points: `train_step` around `algo.collect` (every rank collects once per step, and
+collecting runs generation only), and the trainer around evaluation (every rank enters; rank 0
+evaluates while the others wait at the barrier that follows). Inside, passes with gradients are
+refused (their backward would reshard the units).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -96,7 +106,8 @@ def shard_policies(policies: Any) -> str:
             for p in adapters:
                 p.data = p.data.to(policies.device)
         local += sum(getattr(p, "to_local", lambda: p)().numel() for n, p in model.named_parameters() if "lora_" not in n)
-        distributed.before_collectives(Lockstep(model, policies.device).drain)
+        model._marl_lockstep = Lockstep(model, policies.device)  # unsharded() lifts its rounds
+        distributed.before_collectives(model._marl_lockstep.drain)
     return (f"FSDP: the base is sharded over {w.size} ranks; each holds {local / 1e6:.2f}M of its "
             f"{whole / 1e6:.2f}M frozen parameters")
 
@@ -122,6 +133,7 @@ class Lockstep:
         self.dtype = next(p for p in model.parameters()).dtype
         self._draining = False
         self._awaiting_backward = False
+        self.whole = False  # inside unsharded(): passes need no rounds
         # prepend: the round comes before FSDP's own pre-forward all-gather of the root unit, as
         # it does on a draining rank.
         model.register_forward_pre_hook(self._before_pass, prepend=True)
@@ -135,6 +147,11 @@ class Lockstep:
 
     def _before_pass(self, module: Any, args: Any) -> None:
         if self._draining:
+            return
+        if self.whole:
+            if torch.is_grad_enabled():
+                raise RuntimeError("FSDP: a forward pass with gradients inside fsdp.unsharded() (the rollout phase); "
+                                   "its backward would reshard the base mid-rollout: run it after the rollout")
             return
         if self._awaiting_backward:
             raise RuntimeError("FSDP lockstep: a forward pass with gradients must have its backward before the "
@@ -190,3 +207,42 @@ class Lockstep:
                     torch.autograd.backward(out.logits.float().sum() * 0, inputs=[x])
         finally:
             self.model.train(was_training)
+
+
+def _units(model: Any) -> list[Any]:
+    """The FSDP units of a sharded model, root first then layer by layer: the same order on
+    every rank (their all-gathers must pair up)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextlib.contextmanager
+def unsharded(policies: Any, enabled: bool = True) -> Iterator[None]:
+    """The sharded bases of `policies` whole on every rank for the duration (see the module
+    docstring): one all-gather per unit on entry, none inside, each rank's full copy freed on exit.
+
+    A collective: every rank enters at the same point (a rank may leave whenever it is done, as
+    freeing is local). A no-op when `enabled` is false or nothing is sharded (one process)."""
+    models = [m for m in policies.models if is_sharded(m)] if enabled else []
+    if not models:
+        yield
+        return
+    distributed.settle()  # no rank is still in lockstep passes when the all-gathers start
+    for model in models:
+        model.set_reshard_after_forward(False)  # a pass must not free what the window gathered
+        handles = [unit.unshard(async_op=True) for unit in _units(model)]  # overlapped on NCCL
+        for handle in handles:
+            handle.wait()
+        model._marl_lockstep.whole = True
+    try:
+        yield
+    finally:
+        for model in models:
+            model._marl_lockstep.whole = False
+            for unit in _units(model):
+                unit.reshard()
+            # Back to fully_shard's defaults (shard_policies passes none): the layers free their
+            # weights after each pass; the root keeps its own, as FSDP sets a root at its first pass.
+            model.set_reshard_after_forward(True)
+            model.set_reshard_after_forward(False, recurse=False)

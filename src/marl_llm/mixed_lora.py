@@ -9,7 +9,10 @@ row mask [rows, 1, n*r] keeps each row's own block:
 
     y = base(x) + ((x @ A_all.T) * mask) @ B_all.T     ==  base(x) + s_a * B_a @ A_a @ x  for row adapter a
 
-Two small matmuls per layer, whatever the number of agents. Exact for vanilla LoRA (no DoRA or
+Two small matmuls per layer, whatever the number of agents. The stacks are in the compute dtype:
+bf16/fp16 on a bf16/fp16 base or under autocast (peft keeps adapters fp32, which would run the
+LoRA matmuls in fp32, off the tensor cores), else the adapters' own fp32. The row mask is built
+once per batch composition (set_rows), not per step. Exact for vanilla LoRA (no DoRA or
 other variants, no LoRA bias, no dropout at inference); a model with any other LoRA layer keeps
 peft's own mixed-batch path (`MixedLoRA.supported`). A fully fine-tuned policy (algo.lora=null)
 is its own model: it has no LoRA layers and never comes here (`has_adapters`).
@@ -48,9 +51,14 @@ class MixedLoRA:
     def __init__(self, model, adapters: list[str]):
         self.model = model
         self.adapters = list(dict.fromkeys(adapters))
-        self.mask: torch.Tensor | None = None  # [rows, 1, n*r_max] in the LoRA weights' dtype
+        self.mask: torch.Tensor | None = None  # [rows, 1, n*r_max] in the compute dtype
         self._layers = _lora_linears(model)
         self._r = max(layer.lora_A[a].weight.shape[0] for layer in self._layers for a in self.adapters)
+        first = self._layers[0]
+        self.device = first.lora_A[self.adapters[0]].weight.device
+        self.dtype = compute_dtype(first.base_layer.weight, first.lora_A[self.adapters[0]].weight)
+        # The adapter of each stacked rank column [n*r_max]: row b keeps the columns of its adapter.
+        self._column_adapter = torch.arange(len(self.adapters) * self._r, device=self.device) // self._r
 
     @staticmethod
     def supported(model, adapters: list[str]) -> bool:
@@ -65,13 +73,18 @@ class MixedLoRA:
             and all(a in m.lora_A and a not in m.lora_variant and not m.lora_bias.get(a, False) for a in adapters)
             for m in layers)
 
-    def set_rows(self, adapter_of_row: list[str]) -> None:
+    def adapter_index(self, adapter_of_row: list[str]) -> torch.Tensor:
+        """Each row's adapter as its index in `self.adapters` [rows] int64 on the weights' device
+        (slice it when rows leave the batch, and set_rows again: no host round trip)."""
         index = {a: i for i, a in enumerate(self.adapters)}
-        ref = self._layers[0].lora_A[self.adapters[0]].weight
-        mask = torch.zeros((len(adapter_of_row), 1, len(self.adapters) * self._r), dtype=ref.dtype, device=ref.device)
-        for row, a in enumerate(adapter_of_row):
-            mask[row, 0, index[a] * self._r:(index[a] + 1) * self._r] = 1
-        self.mask = mask
+        return torch.tensor([index[a] for a in adapter_of_row], device=self.device)
+
+    def set_rows(self, adapter_of_row: list[str] | torch.Tensor) -> None:
+        """The adapter of each batch row: names, or indices [rows] from `adapter_index`. Call it
+        when the rows change (not every step): the row mask is one comparison."""
+        if not isinstance(adapter_of_row, torch.Tensor):
+            adapter_of_row = self.adapter_index(adapter_of_row)
+        self.mask = (adapter_of_row.view(-1, 1, 1) == self._column_adapter).to(self.dtype)
 
     def __enter__(self) -> "MixedLoRA":
         r = self._r
@@ -81,9 +94,9 @@ class MixedLoRA:
                 A, B = layer.lora_A[a].weight, layer.lora_B[a].weight  # [r_a, in], [out, r_a]
                 pad = r - A.shape[0]  # adapters of a smaller rank fill their block with zeros
                 a_blocks.append(torch.nn.functional.pad(A, (0, 0, 0, pad)))
-                b_blocks.append(torch.nn.functional.pad(B * layer.scaling[a], (0, pad)))
-            layer._mixed_A = torch.cat(a_blocks, dim=0).detach()  # [n*r, in]
-            layer._mixed_B = torch.cat(b_blocks, dim=1).detach()  # [out, n*r]
+                b_blocks.append(torch.nn.functional.pad(B * layer.scaling[a], (0, pad)))  # scaled in fp32
+            layer._mixed_A = torch.cat(a_blocks, dim=0).detach().to(self.dtype)  # [n*r, in]
+            layer._mixed_B = torch.cat(b_blocks, dim=1).detach().to(self.dtype)  # [out, n*r]
             layer.forward = types.MethodType(_mixed_forward(self), layer)
         return self
 
@@ -91,6 +104,17 @@ class MixedLoRA:
         for layer in self._layers:
             del layer.forward, layer._mixed_A, layer._mixed_B  # back to the class's (peft's) forward
         self.mask = None
+
+
+def compute_dtype(base_weight: torch.Tensor, adapter_weight: torch.Tensor) -> torch.dtype:
+    """The dtype LoRA matmuls run in: the active autocast dtype on the weights' device, else a
+    bf16/fp16 base's dtype, else the adapter's own (fp32 on an fp32 base: nothing changes)."""
+    device_type = base_weight.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    if base_weight.dtype in (torch.bfloat16, torch.float16):
+        return base_weight.dtype
+    return adapter_weight.dtype
 
 
 def _mixed_forward(owner: MixedLoRA):

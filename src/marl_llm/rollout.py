@@ -14,15 +14,17 @@ keeps the prompt/completion boundary right when pad == eos (SmolLM2 and many cha
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
+import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
-import torch.nn.functional as F
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, StaticCache
 
-from marl_llm import fsdp
+from marl_llm import fsdp, scoring
+from marl_llm.config import UserError
 from marl_llm.mixed_lora import MixedLoRA, has_adapters
 from marl_llm.models import AgentPolicies
 from marl_llm.prompting import encode_prompt
@@ -69,57 +71,105 @@ class Completion:
     completion_ids: torch.Tensor  # [C] int64 on CPU: generated ids through the first EOS, nothing after
     text: str  # the completion decoded without special tokens
     truncated: bool  # hit max_new_tokens before any EOS
+    # [C] float32 on CPU: each completion token's log-prob under the sampler that drew it (vLLM's
+    # raw model distribution, temperature 1: the trainer's definition), NaN where the sampler
+    # reported none; None from HFRollout (the trainer's own model). The update corrects the
+    # sampler/trainer mismatch with it (algo.rollout_is_cap, algos/losses.py).
+    rollout_logprobs: torch.Tensor | None = None
 
 
 class PerRowSampling:
-    """Logits processor: row b gets its own temperature, top-k and top-p (temperature 0: argmax)."""
+    """Logits processor: row b gets its own temperature, top-k and top-p (temperature 0: argmax).
 
-    def __init__(self, params: list[SamplingParams], device: torch.device):
-        self.temperature = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32)
-        self.top_k = [p.top_k for p in params]
-        self.top_p = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32)
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        scores = scores.float()
-        greedy = self.temperature <= 0
-        scores = scores / torch.where(greedy, 1.0, self.temperature).unsqueeze(1)
-        neg = torch.finfo(scores.dtype).min
-        if any(k > 0 for k in self.top_k):
-            k = torch.tensor([k if k > 0 else scores.shape[1] for k in self.top_k], device=scores.device)
-            kth = torch.sort(scores, dim=1, descending=True).values.gather(1, (k - 1).clamp(max=scores.shape[1] - 1).unsqueeze(1))
-            scores = scores.masked_fill(scores < kth, neg)
-        if bool((self.top_p < 1).any()):
-            scores = self._top_p(scores, neg)
-        if bool(greedy.any()):
-            best = scores.argmax(dim=1, keepdim=True)
-            only_best = torch.full_like(scores, neg).scatter(1, best, 0.0)
-            scores = torch.where(greedy.unsqueeze(1), only_best, scores)
-        return scores
+    Which filters run is decided on the host from the SamplingParams (once per chunk), never by
+    reading device values, and every filter is a threshold on the scores: a row keeps the tokens
+    whose score is at least its k-th best (top-k) or its nucleus's lowest (top-p), so ties at the
+    boundary are all kept and the result depends on the values only, never on a sort's order.
+    `sync_free` (default: on any device but the CPU, where reading a value costs nothing) sorts
+    every top-p row in full instead of trying its top candidates first and sorting the rows whose
+    nucleus is wider: the same result, with no host read of which rows were wide.
+    """
 
     # The nucleus of a trained LM almost always lies in its top few hundred tokens: find it with
-    # a partial top-k (cheap) and fall back to a full sort only for rows whose nucleus is wider.
+    # a partial top-k (cheap on CPU) and sort in full only the rows whose nucleus is wider.
     TOP_P_CANDIDATES = 256
 
-    def _top_p(self, scores: torch.Tensor, neg: float) -> torch.Tensor:
-        logz = scores.logsumexp(dim=1, keepdim=True)
-        k = min(self.TOP_P_CANDIDATES, scores.shape[1])
-        top, idx = scores.topk(k, dim=1)  # sorted descending
-        probs = (top - logz).exp()
-        before = probs.cumsum(dim=1) - probs  # mass strictly before each candidate
-        active = self.top_p < 1
-        wide = active & (before[:, -1] + probs[:, -1] < self.top_p)  # nucleus wider than the candidates
-        if bool(wide.any()):
-            top_w, idx_w = torch.sort(scores[wide], dim=1, descending=True)
-            probs_w = (top_w - logz[wide]).exp()
-            keep_w = (probs_w.cumsum(dim=1) - probs_w) < self.top_p[wide].unsqueeze(1)
-            scores[wide] = torch.full_like(top_w, neg).scatter(1, idx_w, torch.where(keep_w, top_w, neg))
-        narrow = active & ~wide
-        if bool(narrow.any()):
-            # Keep a token while the mass strictly before it is below top_p (always >= 1 token).
-            keep = before[narrow] < self.top_p[narrow].unsqueeze(1)
-            kept = torch.where(keep, top[narrow], torch.full_like(top[narrow], neg))
-            scores[narrow] = torch.full_like(scores[narrow], neg).scatter(1, idx[narrow], kept)
+    def __init__(self, params: list[SamplingParams], device: torch.device, sync_free: bool | None = None):
+        self.sync_free = device.type != "cpu" if sync_free is None else sync_free
+        top_k = [p.top_k or 0 for p in params]  # None (the model's default) was filled in before; 0: off
+        self.max_top_k = max(top_k)  # host: 0 when no row filters by top-k
+        self.any_top_p = any(p.top_p < 1 for p in params)
+        self.any_greedy = any(p.temperature <= 0 for p in params)
+        # Per-row tensors [B] (sliced, never rebuilt, when rows leave the batch: `select`).
+        self.temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
+        self.greedy = torch.tensor([p.temperature <= 0 for p in params], device=device)
+        self.top_k = torch.tensor([k if k > 0 else self.max_top_k for k in top_k], device=device)
+        self.has_top_k = torch.tensor([k > 0 for k in top_k], device=device)
+        self.top_p_active = torch.tensor([p.top_p < 1 for p in params], device=device)
+        # top_p in fixed point (see FIXED_POINT_BITS): a token stays while the mass before it is below.
+        self.top_p_fixed = torch.tensor([math.ceil(max(p.top_p, 0.0) * FIXED_POINT_ONE) for p in params], device=device)
+        self._cdf: torch.Tensor | None = None  # [>= B, V] int64 scratch of `sample` (shared by `select`ed copies)
+
+    def select(self, rows: torch.Tensor) -> "PerRowSampling":
+        """This sampler for a subset of its rows (`rows` [b] int64); the host flags stay as they are
+        (a filter that no longer applies to any row leaves the scores unchanged)."""
+        out = copy.copy(self)
+        for name in ("temperature", "greedy", "top_k", "has_top_k", "top_p_active", "top_p_fixed"):
+            setattr(out, name, getattr(self, name)[rows])
+        return out
+
+    def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
+        """scores [B, V] → filtered float32 scores [B, V] (dropped tokens at the dtype's minimum)."""
+        scores = scores.float() / self.temperature.unsqueeze(1)
+        neg = torch.finfo(scores.dtype).min
+        if self.max_top_k:
+            k = min(self.max_top_k, scores.shape[1])
+            kth = scores.topk(k, dim=1).values.gather(1, (self.top_k.clamp(max=k) - 1).unsqueeze(1))
+            scores = scores.masked_fill(self.has_top_k.unsqueeze(1) & (scores < kth), neg)
+        if self.any_top_p:
+            scores = scores.masked_fill(self.top_p_active.unsqueeze(1) & (scores < self._nucleus_floor(scores)), neg)
+        if self.any_greedy:
+            best = scores.argmax(dim=1, keepdim=True)
+            not_best = torch.ones_like(scores, dtype=torch.bool).scatter(1, best, False)
+            scores = scores.masked_fill(self.greedy.unsqueeze(1) & not_best, neg)
         return scores
+
+    def sample(self, scores: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
+        """One token per row [B] from scores [B, V], at uniform draws u [B]: sample_rows, with
+        the fixed-point CDF built in place in a buffer kept across steps (on CPU a fresh [B, V]
+        int64 buffer per step page-faults: measured +10 ms a step at B=32 on SmolLM2's vocabulary)."""
+        probs = self(None, scores).softmax(dim=-1)
+        if self._cdf is None or self._cdf.shape[0] < probs.shape[0] or self._cdf.shape[1] != probs.shape[1]:
+            self._cdf = torch.empty(probs.shape, dtype=torch.long, device=probs.device)
+        cdf = self._cdf[:probs.shape[0]].copy_(probs.mul_(FIXED_POINT_ONE))  # = fixed_point(probs)
+        cdf.cumsum_(dim=-1)
+        return invert_cdf(cdf, u)
+
+    def _nucleus_floor(self, scores: torch.Tensor) -> torch.Tensor:
+        """The lowest score inside each row's nucleus [B, 1]: the smallest set of best tokens whose
+        mass reaches top_p (a token is in while the mass strictly before it is below top_p)."""
+        logz = scores.logsumexp(dim=1, keepdim=True)
+        if self.sync_free or scores.shape[1] <= self.TOP_P_CANDIDATES:
+            return _nucleus_floor(scores.sort(dim=1, descending=True).values, logz, self.top_p_fixed)[0]
+        top = scores.topk(self.TOP_P_CANDIDATES, dim=1).values  # sorted descending
+        floor, wide = _nucleus_floor(top, logz, self.top_p_fixed)
+        wide &= self.top_p_active
+        if bool(wide.any()):  # CPU only (a host read): sort the rows whose nucleus is wider
+            rows = wide.nonzero().squeeze(1)
+            full = scores[rows].sort(dim=1, descending=True).values
+            floor[rows] = _nucleus_floor(full, logz[rows], self.top_p_fixed[rows])[0]
+        return floor
+
+
+def _nucleus_floor(desc: torch.Tensor, logz: torch.Tensor, top_p_fixed: torch.Tensor):
+    """From scores sorted descending desc [B, K] (the K best of each row) and each row's log
+    normaliser logz [B, 1]: (the lowest score kept [B, 1], whether the nucleus is wider than the K
+    [B]). The mass sums run in fixed point: exact, so the same in any order on any device."""
+    mass = fixed_point(torch.exp(desc - logz))
+    before = mass.cumsum(dim=1).sub_(mass)  # [B, K] mass strictly before each token
+    kept = (before < top_p_fixed.unsqueeze(1)).sum(dim=1, keepdim=True).clamp(min=1)  # before is non-decreasing
+    wide = before[:, -1] + mass[:, -1] < top_p_fixed
+    return desc.gather(1, kept - 1), wide
 
 
 def cut_at_eos(generated: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, bool]:
@@ -146,15 +196,21 @@ class HFRollout:
 
     Why not `model.generate`: (1) siblings share a prompt, so each distinct (prompt, adapter) is
     prefilled once and its KV cache copied to its G rows (`generate` prefills every row); (2) rows
-    that finished leave the batch, so a long straggler does not drag finished rows through every
-    step; (3) per-row sampling and the minimum length are applied inline. Every row acts with its
+    that finished leave the batch (checked every COMPACT_EVERY steps), so a long straggler does not
+    drag finished rows through every step; (3) per-row sampling and the minimum length are applied
+    inline, with no host read of the device per token. Every row acts with its
     own agent's adapter through `MixedLoRA` (peft's mixed batches as a fallback). Fully
     fine-tuned policies (algo.lora=null) are one model each: a chunk is one policy's rows.
+    `decode` (trainer.decode): "dynamic" (rows leave the batch) or "static" (fixed shapes, a
+    StaticCache); `compile_decode` (trainer.compile_decode) runs the static step under torch.compile.
     """
 
-    def __init__(self, policies: AgentPolicies, max_batch: int = 64):
+    def __init__(self, policies: AgentPolicies, max_batch: int = 64, decode: str = "dynamic",
+                 compile_decode: bool = False):
         self.policies = policies
         self.max_batch = max_batch
+        self.static = decode == "static"
+        self.compile_decode = compile_decode
 
     def update_weights(self) -> None:
         """The adapters are the trainer's own tensors: nothing to sync (a vLLM rollout would push them)."""
@@ -178,7 +234,8 @@ class HFRollout:
         eos_ids = self.policies.eos_ids[k]
         with fsdp.inference_mode(model), self.policies.autocast(k):  # fp32 master weights: cast once
             generated = decode(model, prompts, adapters, [r.sampling for r in requests], eos_ids, tok.pad_token_id,
-                               row_keys=[r.key for r in requests])
+                               row_keys=[r.key for r in requests], static=self.static,
+                               compile_step=self.compile_decode)
         return [to_completion(tok, p, ids, eos_ids) for p, ids in zip(prompts, generated)]
 
 
@@ -211,6 +268,9 @@ class PreallocatedLayer(DynamicLayer):
     """
 
     _layer_type = None  # never registered as a layer type of transformers' own caches
+    # transformers skips the decode mask when the 2D padding mask is all ones, which it finds out
+    # by reading it on the host: a device sync per step. A "compileable" cache always gets the mask.
+    is_compileable = True
 
     def __init__(self, layer: DynamicLayer, capacity: int):
         super().__init__()
@@ -258,31 +318,98 @@ def uniform_draws(keys: list[int | None], length: int, device: torch.device) -> 
     return u.to(device)
 
 
+# Probabilities in fixed point, as integers of 2^-40: prefix sums over int64 are exact, hence the
+# same in any order on any device (a float cumsum on CUDA is not deterministic, and torch's
+# deterministic mode refuses it). A token of probability below 2^-40 (~1e-12) is never drawn.
+FIXED_POINT_BITS = 40
+FIXED_POINT_ONE = 2 ** FIXED_POINT_BITS
+
+
+def fixed_point(probs: torch.Tensor) -> torch.Tensor:
+    """Probabilities [..] (float) as int64 multiples of 2^-FIXED_POINT_BITS, rounded down."""
+    return (probs.float() * FIXED_POINT_ONE).long()  # a power-of-two scale: exact in float32
+
+
 def sample_rows(probs: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
-    """One token per row of probs [B, V], by inverting each row's CDF at a uniform draw u [B]
-    (default: fresh ones): 50x faster than torch.multinomial over a 49k vocabulary on CPU (0.16
-    vs 7.8 ms for 8 rows), where multinomial was 5% of a training step. `right=True` never
-    lands on a zero-probability token; a draw rounded past the total falls back to the row's
-    most likely token."""
-    cdf = probs.cumsum(dim=-1)
+    """One token per row of probs [B, V], by inverting each row's CDF at a uniform draw u [B] in
+    [0, 1) (default: fresh ones): 50x faster than torch.multinomial over a 49k vocabulary on CPU,
+    where multinomial was 5% of a training step. The CDF is a fixed-point integer prefix sum and
+    the draw the integer floor(u * total): bitwise the same token on every device and run, and
+    never a token of zero (fixed-point) probability."""
+    cdf = fixed_point(probs)
+    cdf.cumsum_(dim=-1)  # in place: a second [B, V] int64 buffer cost 2-4x the sampling on CPU
+    return invert_cdf(cdf, u)
+
+
+def invert_cdf(cdf: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
+    """Tokens [B]: for each row of a fixed-point CDF [B, V] (int64, non-decreasing), the first
+    token whose CDF exceeds floor(u * total) for its draw u [B] in [0, 1) (default: fresh ones)."""
     if u is None:
-        u = torch.rand(probs.shape[0], device=probs.device)
-    u = u.to(cdf.dtype).unsqueeze(1) * cdf[:, -1:]
-    token = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=probs.shape[1] - 1)
-    bad = probs.gather(1, token.unsqueeze(1)).squeeze(1) <= 0
-    return torch.where(bad, probs.argmax(dim=-1), token)
+        u = torch.rand(cdf.shape[0], device=cdf.device)
+    total = cdf[:, -1]
+    target = torch.minimum((u.to(cdf.device, torch.float64) * total.double()).long(), total - 1)  # [B] in [0, total)
+    return torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)
+
+
+# The dynamic decode loop reads which rows are done only every COMPACT_EVERY steps (each read is
+# a device sync: on a GPU it drains the queue the host had launched ahead): rows that finished in
+# between keep decoding, their tokens written as padding, until the check drops them from the
+# batch and the KV cache. Measured on 2 shared CPU cores (SmolLM2-135M, 32 rows of 4..64 tokens):
+# 79-80 tokens/s compacting every 1 or 4 steps, 78.5 every 16, 70 every 64 (within noise up to 16).
+COMPACT_EVERY = 16
+
+
+def static_cache(model, cache: Any, capacity: int) -> StaticCache:
+    """transformers' StaticCache (fixed [B, H, capacity, D] buffers written in place at a
+    position kept on the device: every decode step has the same shapes, so it can be captured by
+    CUDA graphs / torch.compile) holding a prefilled DynamicCache's keys and values [B, H, P, D]."""
+    layers = getattr(cache, "layers", [])
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        raise UserError(f"trainer.decode=static needs a model whose layers all use full attention, but "
+                        f"{type(model).__name__} caches {sorted({type(l).__name__ for l in layers})}: "
+                        "set trainer.decode=dynamic")
+    static = StaticCache(config=model.config, max_cache_len=capacity)
+    for fixed, filled in zip(static.layers, layers, strict=True):
+        fixed.update(filled.keys, filled.values)  # allocates [B, H, capacity, D], writes positions [0, P)
+    return static
+
+
+def _model_step(model, token: torch.Tensor, position: torch.Tensor, attention_mask: torch.Tensor, cache: Any,
+                **kwargs: Any) -> torch.Tensor:
+    """One decode step: next-token logits [B, V] for the tokens [B, 1] at positions [B, 1]."""
+    return model(input_ids=token, position_ids=position, attention_mask=attention_mask, past_key_values=cache,
+                 use_cache=True, logits_to_keep=1, **kwargs).logits[:, -1]
+
+
+_COMPILED_STEPS: dict[str, Callable[..., torch.Tensor]] = {}
+CAPACITY_MULTIPLE = 64  # a compiled static cache's length is rounded up to a multiple of this
+
+
+def compiled_step(device: torch.device) -> Callable[..., torch.Tensor]:
+    """`_model_step` under torch.compile, built once per process and device kind: CUDA graphs
+    ("reduce-overhead": one launch per step) on a GPU, inductor's fused kernels elsewhere."""
+    mode = "reduce-overhead" if device.type == "cuda" else "default"
+    if mode not in _COMPILED_STEPS:
+        _COMPILED_STEPS[mode] = torch.compile(_model_step, mode=mode)
+    return _COMPILED_STEPS[mode]
 
 
 def decode(model, prompts: list[list[int]], adapters: list[str], params: list[SamplingParams], eos_ids: list[int],
            pad_id: int, mixed_lora: bool = True, preallocate_cache: bool = True,
-           row_keys: list[int | None] | None = None) -> list[torch.Tensor]:
+           row_keys: list[int | None] | None = None, static: bool = False,
+           compile_step: bool = False) -> list[torch.Tensor]:
     """Sample a completion for each (prompt, adapter, sampling) row; returns each row's generated
     ids [<= max_new_tokens] on CPU, through its first end-of-sequence id. `row_keys` seed rows'
     draws (GenRequest.key). `mixed_lora` and `preallocate_cache` switch those levers off for
     the benchmark's lever table.
 
     Shapes: the prefill runs on the U distinct (adapter, prompt) pairs [U, P]; its KV cache is
-    then gathered to the B rows; each decode step feeds [b, 1] for the b rows still running.
+    then gathered to the B rows; each decode step feeds [b, 1]. Dynamic (default): b is the rows
+    still running, finished rows leaving the batch every COMPACT_EVERY steps. `static`: b = B at
+    every step over a StaticCache of P + max_new_tokens positions (fixed shapes; finished rows
+    run on as padding), the same tokens; `compile_step` runs that step under torch.compile.
+    Nothing reads the device inside the loop but the check every COMPACT_EVERY steps; the
+    generated ids stay on the device until the end.
     """
     device = next(model.parameters()).device
     keys = [(a, tuple(p)) for a, p in zip(adapters, prompts)]
@@ -290,58 +417,83 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
     slot = {key: u for u, key in enumerate(distinct)}
     source = torch.tensor([slot[key] for key in keys], device=device)
     mixed = mixed_lora and MixedLoRA.supported(model, list(dict.fromkeys(adapters)))
+    peft_mixed = not mixed and len(set(adapters)) > 1  # peft's own mixed batches: adapter names per row
     if not mixed and len(set(adapters)) == 1 and has_adapters(model):  # a full model is its own policy
         model.set_adapter(adapters[0])
     lora = MixedLoRA(model, adapters) if mixed else contextlib.nullcontext()
+    B, max_new = len(prompts), [p.max_new_tokens for p in params]
+    steps = max(max_new)
     eos = torch.tensor(eos_ids, device=device)
-    max_new = [p.max_new_tokens for p in params]
-    # Per-request length limits [B], indexed by `rows` (the requests still running).
-    min_len = torch.tensor([p.min_new_tokens for p in params], device=device)
-    max_len = torch.tensor(max_new, device=device)
-    out = torch.full((len(prompts), max(max_new)), pad_id, dtype=torch.long)
-    draws = uniform_draws(row_keys or [None] * len(prompts), max(max_new), device)  # [B, max_new]
+    step = compiled_step(device) if static and compile_step else _model_step
     with lora:
-        def forward(row_adapters: list[str], **inputs: Any):
-            if mixed:
-                lora.set_rows(row_adapters)
-            elif len(set(adapters)) > 1:
-                inputs["adapter_names"] = row_adapters
-            return model(**inputs, use_cache=True, logits_to_keep=1)
-
         ids, att, pos = left_pad([list(p) for _, p in distinct], pad_id)
-        head = forward([a for a, _ in distinct], input_ids=ids.to(device), attention_mask=att.to(device),
-                       position_ids=pos.to(device))
+        prefill_adapters = [a for a, _ in distinct]
+        if mixed:
+            lora.set_rows(prefill_adapters)
+        head = model(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
+                     use_cache=True, logits_to_keep=1, **({"adapter_names": prefill_adapters} if peft_mixed else {}))
         cache = head.past_key_values
         cache.batch_select_indices(source)  # each row starts from its prompt's keys and values
-        if preallocate_cache:
-            preallocate(cache, max(max_new))
-        logits = head.logits[source, -1]
-        att, next_pos = att.to(device)[source], pos.to(device)[source, -1] + 1
-        rows = torch.arange(len(prompts), device=device)  # batch row -> request index, for rows still running
-        row_adapters = list(adapters)
+        width = ids.shape[1]
+        capacity = width + steps
+        if static:
+            if compile_step:  # fewer distinct shapes to compile (and capture as CUDA graphs)
+                capacity = -(-capacity // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
+            cache = static_cache(model, cache, capacity)
+        elif preallocate_cache:
+            preallocate(cache, steps)
+        logits = head.logits[source, -1]  # [B, V]
+        # Per-row state [b, ...], sliced together when finished rows leave the batch. The
+        # attention mask covers every position the rollout can reach [b, P + steps]: generated
+        # positions are real tokens, and causality hides those not written yet.
+        att = torch.cat([att.to(device)[source], att.new_ones((B, capacity - width), device=device)], dim=1)
+        next_pos = pos.to(device)[source, -1] + 1
+        min_len = torch.tensor([p.min_new_tokens for p in params], device=device)
+        max_len = torch.tensor(max_new, device=device)
+        draws = uniform_draws(row_keys or [None] * B, steps, device)  # [B, steps]
         sampler = PerRowSampling(params, device)
+        rows = list(range(B))  # batch row -> request index (host)
+        row_index = torch.arange(B, device=device)  # the same on the device
+        if mixed:
+            adapter_of_row = lora.adapter_index(adapters)  # [B]
+            lora.set_rows(adapter_of_row)
+        finished = torch.zeros(B, dtype=torch.bool, device=device)
+        out = torch.full((B, steps), pad_id, dtype=torch.long, device=device)
         eos_column = torch.isin(torch.arange(logits.shape[-1], device=device), eos)  # [V]
-        for t in range(max(max_new)):
+        early_until = max(p.min_new_tokens for p in params)  # no end of sequence before a row's minimum
+        end = steps  # every row still running stops by then
+        for t in range(steps):
             scores = logits.float()
-            early = t < min_len[rows]
-            if bool(early.any()):  # no end of sequence before the row's minimum length
-                scores = scores.masked_fill(early.unsqueeze(1) & eos_column, float("-inf"))
-            token = sample_rows(sampler(None, scores).softmax(dim=-1), draws[rows, t])
-            out[rows.cpu(), t] = token.cpu()
-            done = torch.isin(token, eos) | (t + 1 >= max_len[rows])
-            if bool(done.all()):
+            if t < early_until:
+                scores = scores.masked_fill((t < min_len).unsqueeze(1) & eos_column, float("-inf"))
+            token = sampler.sample(scores, draws[:, t])
+            out[:, t].index_copy_(0, row_index, token.masked_fill(finished, pad_id))  # finished rows: padding
+            finished = finished | torch.isin(token, eos) | (t + 1 >= max_len)
+            if t + 1 >= end:
                 break
-            if bool(done.any()):  # finished rows leave the batch (and the cache)
-                keep = (~done).nonzero().squeeze(1)
-                cache.batch_select_indices(keep)
-                rows, token, att, next_pos = rows[keep], token[keep], att[keep], next_pos[keep]
-                row_adapters = [row_adapters[int(i)] for i in keep]
-                sampler = PerRowSampling([params[int(i)] for i in rows], device)
-            att = torch.cat([att, att.new_ones((len(rows), 1))], dim=1)
-            step = forward(row_adapters, input_ids=token.unsqueeze(1), attention_mask=att,
-                           position_ids=next_pos.unsqueeze(1), past_key_values=cache)
-            logits, next_pos = step.logits[:, -1], next_pos + 1
-    return [out[b, :max_new[b]] for b in range(len(prompts))]
+            if (t + 1) % COMPACT_EVERY == 0:
+                done = finished.tolist()  # the loop's only device read
+                if all(done):
+                    break
+                end = max(max_new[r] for r, d in zip(rows, done) if not d)
+                if any(done) and not static:  # finished rows leave the batch (and the cache)
+                    kept = [i for i, d in enumerate(done) if not d]
+                    keep = torch.tensor(kept, device=device)
+                    cache.batch_select_indices(keep)
+                    rows = [rows[i] for i in kept]
+                    row_index, token, att, next_pos = row_index[keep], token[keep], att[keep], next_pos[keep]
+                    min_len, max_len, draws, finished = min_len[keep], max_len[keep], draws[keep], finished[keep]
+                    sampler = sampler.select(keep)
+                    if mixed:
+                        adapter_of_row = adapter_of_row[keep]
+                        lora.set_rows(adapter_of_row)
+            if compile_step and device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()  # the last step's logits are consumed
+            logits = step(model, token.unsqueeze(1), next_pos.unsqueeze(1), att if static else att[:, :width + t + 1],
+                          cache, **({"adapter_names": [adapters[r] for r in rows]} if peft_mixed else {}))
+            next_pos = next_pos + 1
+    out = out.cpu()
+    return [out[b, :max_new[b]] for b in range(B)]
 
 
 # ---------------------------------------------------------------------------------- scoring
@@ -375,46 +527,49 @@ def completion_logprobs(model, prompts: list[torch.Tensor], completions: list[to
                         with_entropy: bool = False):
     """Per-token log-probs of each completion given its prompt under `model` (its active adapter).
 
-    Returns logp [B, C] (differentiable when grad is enabled), completion_mask [B, C] and, if
-    asked, entropy [B, C] of the policy at each completion position (no grad). Only the logits
-    of completion positions are materialized (`logits_to_keep`). When every completion shares
-    one prompt (the G siblings of a rollout node), the prompt is encoded once and its KV cache
-    reused for all of them (gradients flow through the cache); the result is the same. (Not on
-    an FSDP-sharded model: its lockstep wants one forward pass per backward.)
+    Returns logp [B, C] fp32 (differentiable when grad is enabled), completion_mask [B, C] and,
+    if asked, entropy [B, C] of the policy at each completion token (no grad; 0 elsewhere).
+    No [B, C, V] logits are materialized: the LM head runs on the completion tokens' hidden
+    states in chunks, each in fp32 and recomputed in the backward (scoring.py; models whose
+    logits are not head(hidden), e.g. a softcap, chunk their own logits instead). When every
+    completion shares one prompt (the G siblings of a rollout node), the prompt is encoded once
+    and its KV cache reused for all of them (gradients flow through the cache); the result is
+    the same. (Not on an FSDP-sharded model: its lockstep wants one forward pass per backward.)
     """
     device = next(model.parameters()).device
+    head = scoring.lm_head(model)  # None: the model's own logits
     shared = None
     if len(prompts) > 1 and not fsdp.is_sharded(model) and all(torch.equal(p, prompts[0]) for p in prompts[1:]):
-        shared = _shared_prompt_logits(model, prompts[0], completions, pad_id, device)
+        shared = _shared_prompt_logits(model, prompts[0], completions, pad_id, device, head)
     if shared is not None:
-        logits, cmask, targets = shared
+        states, cmask, targets, head, autocast = shared
     else:
         ids, att, pos, cmask = pad_pairs(prompts, completions, pad_id)
         C = cmask.shape[1]
-        ids, att, pos = ids.to(device), att.to(device), pos.to(device)
-        out = model(input_ids=ids, attention_mask=att, position_ids=pos, logits_to_keep=C + 1, use_cache=False)
-        logits = out.logits[:, :-1].float()  # position t predicts token t+1: these predict the C completion tokens
-        targets = ids[:, -C:]
-    logp = torch.gather(F.log_softmax(logits, dim=-1), 2, targets.unsqueeze(2)).squeeze(2)
+        ids = ids.to(device)
+        _, states, head, autocast = scoring.predicting_states(
+            model, head, C + 1, input_ids=ids, attention_mask=att.to(device), position_ids=pos.to(device),
+            use_cache=False)
+        states, targets = states[:, :-1], ids[:, -C:]  # position t predicts token t+1: these predict the C completion tokens
     cmask = cmask.to(device)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            lp = F.log_softmax(logits.detach(), dim=-1)
-            entropy = -(lp.exp() * lp).sum(-1)
-    return logp * cmask, cmask, entropy
+    logp, entropy = scoring.token_logprobs(states, targets, cmask, head, with_entropy, autocast)
+    return logp, cmask, entropy
 
 
 def _shared_prompt_logits(model, prompt: torch.Tensor, completions: list[torch.Tensor], pad_id: int,
-                          device: torch.device):
-    """Logits [k, C, V] predicting k completions of one prompt, encoding the prompt once.
+                          device: torch.device, head: torch.nn.Module | None = None):
+    """What predicts k completions of one prompt, encoding the prompt once: with `head` (see
+    scoring.lm_head) the final hidden states [k, C, H] the head turns into logits, else the
+    logits [k, C, V].
 
-    Returns (logits, completion_mask [k, C], completion ids [k, C]), or None when the model
-    keeps no KV cache (e.g. gradient checkpointing): the caller then packs full sequences.
+    Returns (states, completion_mask [k, C], completion ids [k, C], head, autocast) (head None
+    when the states are logits; see scoring.predicting_states), or None when the model keeps no
+    KV cache (e.g. gradient checkpointing): the caller then packs full sequences.
     """
     k, P = len(completions), len(prompt)
-    head = model(input_ids=prompt[None].to(device), use_cache=True, logits_to_keep=1)
-    cache = head.past_key_values
+    first, first_states, head, autocast = scoring.predicting_states(model, head, 1, input_ids=prompt[None].to(device),
+                                                                    use_cache=True)
+    cache = first.past_key_values
     if cache is None or not hasattr(cache, "layers"):
         return None
     for layer in cache.layers:  # one copy of the prompt's keys/values per completion
@@ -424,8 +579,11 @@ def _shared_prompt_logits(model, prompt: torch.Tensor, completions: list[torch.T
     att = torch.cat([torch.ones((k, P), dtype=torch.long), cmask.long()], dim=1)
     pos = (P + torch.arange(C)).unsqueeze(0).expand(k, C)
     ids = ids.to(device)
-    tail = model(input_ids=ids, attention_mask=att.to(device), position_ids=pos.to(device), past_key_values=cache,
-                 use_cache=True, logits_to_keep=C)
+    _, tail_states, tail_head, _ = scoring.predicting_states(
+        model, head, C, input_ids=ids, attention_mask=att.to(device), position_ids=pos.to(device),
+        past_key_values=cache, use_cache=True)
+    if tail_head is not head:  # the lean path fell back between the two passes: pack instead
+        return None
     # The prompt's last position predicts completion token 0; completion position t predicts t+1.
-    logits = torch.cat([head.logits[:, -1:].expand(k, 1, -1), tail.logits[:, :-1]], dim=1).float()
-    return logits, cmask, ids
+    states = torch.cat([first_states[:, -1:].expand(k, 1, -1), tail_states[:, :-1]], dim=1)
+    return states, cmask, ids, head, autocast

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from marl_llm import distributed, fsdp
+from marl_llm import distributed, fsdp, perf
 from marl_llm.algos import algorithm_class, build_algorithm
 from marl_llm.algos.update import lr_schedulers
 from marl_llm.atomic import atomic_write_text
@@ -36,7 +36,8 @@ from marl_llm.config import UserError, validate
 from marl_llm.episodes import JointTree
 from marl_llm.evaluation import evaluate
 from marl_llm.loggers import NullLogger, RunLogger
-from marl_llm.models import AgentPolicies
+from marl_llm.models import (AgentPolicies, check_device_for_ranks, check_trainable_dtype, resolve_device,
+                             resolve_dtype)
 from marl_llm.rollout import HFRollout, Rollout, sample_key
 from marl_llm.tasks import Problem, build_task
 from marl_llm.tasks.turn_based import TurnTask
@@ -54,11 +55,32 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
 
 
-def seed_everything(seed: int) -> None:
+def seed_everything(seed: int, deterministic: bool = False) -> None:
+    """Seed every RNG; `deterministic` (trainer.deterministic) asks for bitwise-reproducible CUDA
+    kernels. cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it creates its handle (the first matmul),
+    so it is set here, before any model loads; without it deterministic mode warns on every
+    cuBLAS call and is still not reproducible. Torch's debugging aid of filling uninitialized
+    memory with NaN is switched off: it costs a write per allocation, and nothing here reads
+    memory it has not written."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    # warn_only: an op with no deterministic CUDA kernel warns (naming itself) instead of
+    # stopping a run that may be days long.
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = False
+
+
+def gradient_checkpointing(setting: Any, device: torch.device, num_params: int) -> bool:
+    """trainer.gradient_checkpointing resolved: true/false as given; auto: on for a base of at
+    least 4B parameters on CUDA (activations of long completions then outgrow a GPU's memory)."""
+    if setting == "auto":
+        return device.type == "cuda" and num_params >= 4e9
+    return bool(setting)
 
 
 def batch_for_step(problems: list[Problem], step: int, size: int, seed: int) -> list[Problem]:
@@ -113,6 +135,8 @@ class Setup:
     sharding: str | None = None  # what FSDP left on each rank (trainer.fsdp), to print
     # algo.lr_scheduler, stepped once per trainer step (train() rebuilds them after a resume).
     schedulers: list = dataclasses.field(default_factory=list)
+    # Synchronized step timers, model FLOPs and MFU, peak GPU memory (perf.py).
+    meter: perf.Meter = dataclasses.field(default_factory=perf.Meter)
 
 
 def build(cfg: DictConfig, task: Any = None) -> Setup:
@@ -136,21 +160,32 @@ def build(cfg: DictConfig, task: Any = None) -> Setup:
     train_set = task.load_split("train") if max_steps > 0 else []
     eval_set = task.load_split("eval")[: tc.eval_max_problems or None]
     fsdp.check_supported(cfg)
+    if max_steps > 0:
+        check_trainable_dtype(resolve_dtype(cfg.model.dtype, resolve_device(cfg.model.device)))
     sharded = tc.fsdp and distributed.world().size > 1
     policies = AgentPolicies(task.agent_names, cfg.model, cfg.algo, cfg.seed, load_on_cpu=sharded)
-    if tc.gradient_checkpointing:
-        policies.enable_gradient_checkpointing()
     if tc.rollout == "vllm":
         from marl_llm.vllm_rollout import VLLMRollout
 
-        rollout = VLLMRollout(policies, tc.vllm_gpu_memory_utilization)
+        run_dir = OmegaConf.select(cfg, "run_dir", throw_on_missing=False)
+        rollout = VLLMRollout(policies, tc.vllm_gpu_memory_utilization, sleep=tc.vllm_sleep,
+                              root=Path(run_dir) / "vllm_adapters" if run_dir else None)
     else:
-        rollout = HFRollout(policies, max_batch=tc.sequences_per_generate)
+        rollout = HFRollout(policies, max_batch=tc.sequences_per_generate, decode=tc.decode,
+                            compile_decode=tc.compile_decode)
+    meter = perf.Meter(policies.device, perf.peak_tflops(policies.device, policies.dtype, tc.peak_tflops))
+    # Generation timed apart from reward scoring, its FLOPs counted from the completions' lengths.
+    rollout = perf.MeteredRollout(rollout, meter, policies)
     algo = build_algorithm(cfg.algo, task, policies, rollout, tc.completions_per_micro_batch)
+    # After the algorithm: a separate critic is a trained model too.
+    base_params = sum(q.numel() for q in policies.models[0].get_base_model().parameters())
+    if gradient_checkpointing(tc.gradient_checkpointing, policies.device, base_params):
+        policies.enable_gradient_checkpointing(algo.extra_models())
     # After the algorithm: its critics add adapters, and FSDP fixes the parameters it manages.
     sharding = fsdp.shard_policies(policies) if sharded else None
     schedulers = lr_schedulers(list(policies.optimizers.values()), cfg.algo, max_steps)
-    return Setup(task, policies, rollout, algo, train_set, eval_set, max_steps, sharding, schedulers)
+    meter.watch([*policies.models, *policies.references, *algo.extra_models()])  # every pass of every model
+    return Setup(task, policies, rollout, algo, train_set, eval_set, max_steps, sharding, schedulers, meter)
 
 
 def train_step(run: Setup, cfg: DictConfig, step: int,
@@ -160,26 +195,29 @@ def train_step(run: Setup, cfg: DictConfig, step: int,
     throughput, peak memory). `problems` overrides the step's batch (the benchmark feeds every
     system the same prompts)."""
     policies, algo = run.policies, run.algo
-    t0 = time.perf_counter()
+    t0 = run.meter.start_step()  # synchronized clock (CUDA); resets the peak-memory statistic
     if problems is None:
         problems = distributed.shard(batch_for_step(run.train_set, step, cfg.trainer.prompts_per_step, cfg.seed))
-    tree = algo.collect(problems)
-    t_rollout = time.perf_counter()
+    with fsdp.unsharded(policies, cfg.trainer.fsdp_unshard_rollout):  # every rank collects once per step
+        tree = algo.collect(problems)
+    if hasattr(run.rollout, "release"):  # vLLM sleeps: the update gets its GPU memory
+        run.rollout.release()
+    t_rollout = run.meter.mark("rollout")
     batches = algo.advantages(tree)
     stats = algo.update(batches, end_of_epoch=ends_epoch(step, cfg.trainer.prompts_per_step, len(run.train_set),
                                                          run.max_steps))
     for sched in run.schedulers:
         sched.step()
     run.rollout.update_weights()
-    t_end = time.perf_counter()
+    t_end = run.meter.mark("update")
 
     metrics = algo.rollout_metrics(tree)
     metrics.update(stats)
     metrics.update(_agent_means(stats, [policies.policy_label(k) for k in policies.trainable_adapters()]))
     metrics["step_time"] = t_end - t0
     metrics["perf/time_per_step"] = t_end - t0
-    metrics["timing/rollout"] = t_rollout - t0
-    metrics["timing/update"] = t_end - t_rollout
+    # timing/{rollout,generate,scoring,update}, perf/tflop/*, perf/mfu/*, perf/peak_gpu_mem_gib
+    metrics.update(run.meter.step_metrics())
     metrics["perf/throughput"] = metrics.get("num_tokens", 0.0) / max(t_end - t0, 1e-9)
     metrics["perf/rollout_tokens_per_s"] = metrics.get("num_tokens", 0.0) / max(t_rollout - t0, 1e-9)
     metrics["perf/peak_rss_gib"] = peak_rss_gib()
@@ -188,6 +226,7 @@ def train_step(run: Setup, cfg: DictConfig, step: int,
 
 def join_world(cfg: DictConfig) -> distributed.World:
     """Join the launcher's data-parallel group (torchrun, accelerate launch, SLURM tasks), if any."""
+    check_device_for_ranks(cfg.model.device, distributed.launched_world_size())
     cpu = cfg.model.device == "cpu" or not torch.cuda.is_available()
     w = distributed.init(cfg.trainer.distributed_timeout_min, cpu=cpu)
     if w.size > 1 and cfg.trainer.prompts_per_step % w.size:
@@ -212,7 +251,7 @@ def train(cfg: DictConfig) -> float:
         run_dir.mkdir(parents=True, exist_ok=True)
         # The resolved config next to the metrics: marl-llm-report reads both (no W&B needed).
         atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    seed_everything(cfg.seed)
+    seed_everything(cfg.seed, cfg.trainer.deterministic)
     tc = cfg.trainer
 
     def say(msg: str) -> None:
@@ -250,11 +289,13 @@ def train(cfg: DictConfig) -> float:
     def run_eval(step: int) -> dict[str, float] | None:
         """Rank 0 evaluates (the other ranks wait for it)."""
         metrics = None
-        if w.is_main:
-            metrics, rows = evaluate(algo, eval_set, tc)
-            logger.log("eval", metrics, step)
-            logger.log_samples("eval", rows[: cfg.logger.sample_rows], step)
-            say(f"eval @ step {step}: " + _fmt(metrics, ("reward", "pass@1", "success_rate")))
+        # Every rank gathers the sharded base (a collective); rank 0 then decodes without rounds.
+        with fsdp.unsharded(policies, tc.fsdp_unshard_rollout):
+            if w.is_main:
+                metrics, rows = evaluate(algo, eval_set, tc)
+                logger.log("eval", metrics, step)
+                logger.log_samples("eval", rows[: cfg.logger.sample_rows], step)
+                say(f"eval @ step {step}: " + _fmt(metrics, ("reward", "pass@1", "success_rate")))
         distributed.barrier()
         return metrics
 
@@ -313,6 +354,8 @@ def train(cfg: DictConfig) -> float:
         say(f"{shown}  (summary: {tc.summary_file or run_dir / 'summary.json'})")
         exit_code = 0
     finally:
+        if hasattr(run.rollout, "close"):  # vLLM: its exported adapters are removed
+            run.rollout.close()
         logger.finish(exit_code)
         if exit_code == 0:
             distributed.barrier()  # rank 0 has written everything before any rank exits

@@ -189,7 +189,7 @@ class ATGRPO(Algorithm):
             advs = torch.cat([batches[i].advantages for i in agents])
             settings = UpdateSettings(epochs=a.ppo_epochs, mini_batch_size=a.mini_batch_size, clip_eps=a.clip_eps,
                                       aggregation=a.loss_aggregation, max_grad_norm=a.max_grad_norm,
-                                      seed=self.rng.randrange(2**31))
+                                      seed=self.rng.randrange(2**31), rollout_is_cap=a.rollout_is_cap)
             s = policy_update(self.policies, agents[0], key, comps, advs, settings, self.micro_batch_size)
             label = self.policies.policy_label(key)
             stats.update({f"{label}/{k}": v for k, v in s.items()})

@@ -121,6 +121,11 @@ class Algorithm(ABC):
         end_of_epoch: this trainer step finished a pass over the training set (an algorithm that
         holds samples back, e.g. MAGRPO's update buffer, trains on all of them now)."""
 
+    def extra_models(self) -> list[Any]:
+        """Trained models the algorithm owns besides the agents' (a separate critic's copy of
+        the base): the trainer turns gradient checkpointing on for these too."""
+        return []
+
     # Training state beyond the agents' adapters and optimizers (critics, ...), for checkpoints.
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -23,10 +23,23 @@ Aggregations (``AGGREGATIONS``), of a per-token loss l[b, t]:
 KL to the reference policy: k3 estimator per token, k3 = exp(d) - d - 1 with d = ref - logp
 (>= 0, = 0 iff logp == ref). ``policy_loss`` adds kl_coef * aggregate(k3) when ref_logp is given
 and kl_coef > 0; ``k3_kl`` gives the per-sequence sum for reward shaping R' = R - beta * KL.
+
+Sampler/trainer mismatch (truncated importance sampling, TIS: Yao et al., "Your efficient RL
+framework secretly brings you off-policy RL training", 2025; verl's token-level "truncate" rollout
+IS). A separate sampler (vLLM: its own kernels, dtype and batching) draws tokens from pi_rollout,
+which is close to but not the trainer's pi_old. Given the sampler's token log-probs, every
+per-token surrogate (REINFORCE or PPO-clip) is multiplied by the detached weight
+
+    w = min(exp(old_logp - rollout_logp), C)       C = rollout_is_cap (algo.rollout_is_cap)
+
+with old_logp the trainer's log-prob before the update (logp.detach() on-policy). w = 1 where the
+two agree, so an exact sampler changes nothing; the cap bounds the variance. The KL term is not
+weighted (as in verl).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple
 
 import torch
@@ -44,6 +57,7 @@ __all__ = [
     "policy_loss",
     "register_aggregation",
     "register_loss",
+    "rollout_is_weights",
 ]
 
 
@@ -179,6 +193,8 @@ def policy_loss(
     *,
     clip_eps_high: float | None = None,
     loss_type: str | None = None,
+    rollout_logp: Tensor | None = None,
+    rollout_is_cap: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Policy-gradient loss of one agent's batch.
 
@@ -193,13 +209,21 @@ def policy_loss(
     ref_logp:   Tensor[B, T] under the reference policy, or None. With kl_coef > 0 the loss
                 gets + kl_coef * aggregate(k3) (same aggregation as the policy term).
     loss_type:  override the surrogate (a key of POLICY_LOSSES).
+    rollout_logp: Tensor[B, T] log-probs of the tokens under the sampler that drew them (detached
+                here; NaN: unknown, weight 1), or None (the trainer sampled: no correction).
+    rollout_is_cap: C of the truncated importance weight min(exp(old_logp - rollout_logp), C)
+                applied to every token's surrogate; None: no weighting (the stats are still
+                reported, to watch the mismatch).
 
     Returns (loss: scalar Tensor, stats: dict[str, float]) with stats
       loss, pg_loss, ratio_mean (over completion tokens),
       clip_ratio/low_mean, clip_ratio/high_mean, clip_ratio/region_mean (fractions of completion
         tokens clipped below / above / either; 0 without clipping),
       kl (mean over sequences of the per-sequence k3 sum; only when ref_logp is given),
-      kl_loss (kl_coef * aggregated k3; only when it is added).
+      kl_loss (kl_coef * aggregated k3; only when it is added),
+      with rollout_logp: rollout_is/mean (mean weight w over completion tokens; 1 without a cap),
+        rollout_is/clip_ratio (fraction of tokens whose ratio exceeds the cap),
+        rollout_is/logp_diff_mean and rollout_is/logp_abs_diff_mean (old_logp - rollout_logp).
     """
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T], got {tuple(logp.shape)}")
@@ -228,8 +252,18 @@ def policy_loss(
     old_m = _masked(old_logp.detach().to(logp.dtype), mask)
     adv = advantages.detach().to(logp.dtype)
 
+    if rollout_is_cap is not None and rollout_is_cap <= 0:
+        raise ValueError("rollout_is_cap must be > 0")
     sur = POLICY_LOSSES[loss_type](logp_m, old_m, adv, clip_eps, eps_high)
-    pg_loss = AGGREGATIONS[aggregation](sur.loss, mask)
+    per_token = sur.loss
+    is_stats: dict[str, float] = {}
+    if rollout_logp is not None:
+        if rollout_logp.shape != logp.shape:
+            raise ValueError(f"rollout_logp shape {tuple(rollout_logp.shape)} != logp shape {tuple(logp.shape)}")
+        weight, is_stats = rollout_is_weights(old_m, rollout_logp, mask, rollout_is_cap)
+        if rollout_is_cap is not None:
+            per_token = per_token * weight
+    pg_loss = AGGREGATIONS[aggregation](per_token, mask)
     loss = pg_loss
 
     n_tok = mask.sum().clamp_min(1)
@@ -251,5 +285,38 @@ def policy_loss(
             kl_loss = kl_coef * AGGREGATIONS[aggregation](k3, mask)
             loss = loss + kl_loss
             stats["kl_loss"] = float(kl_loss.detach())
+    stats.update(is_stats)
     stats["loss"] = float(loss.detach())
     return loss, stats
+
+
+def rollout_is_weights(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor,
+                       cap: float | None) -> tuple[Tensor, dict[str, float]]:
+    """Truncated importance weights of the sampler/trainer mismatch and their stats.
+
+    old_logp, rollout_logp: Tensor[B, T] (the trainer's before the update, the sampler's);
+    mask: Tensor[B, T] bool. Returns (w [B, T] detached, in old_logp's dtype: min(exp(old -
+    rollout), cap), exactly 1 on masked or NaN (unreported) positions and everywhere when cap is
+    None; stats as in `policy_loss`).
+    """
+    old = old_logp.detach()
+    rollout = rollout_logp.detach().to(old.dtype)
+    known = mask & ~torch.isnan(rollout)
+    diff = torch.where(known, old - rollout, torch.zeros((), dtype=old.dtype, device=old.device))
+    if cap is None:
+        weight = torch.ones_like(diff)
+    else:
+        # Clamp in log space: exp of a large difference would overflow before the min.
+        weight = torch.exp(diff.clamp(max=math.log(cap)))
+    n_tok = mask.sum().clamp_min(1)
+
+    def mean(x: Tensor) -> float:
+        return float(_masked(x.to(torch.float64), mask).sum() / n_tok)
+
+    stats = {
+        "rollout_is/mean": mean(weight),
+        "rollout_is/clip_ratio": 0.0 if cap is None else mean((diff > math.log(cap)).to(torch.float64)),
+        "rollout_is/logp_diff_mean": mean(diff),
+        "rollout_is/logp_abs_diff_mean": mean(diff.abs()),
+    }
+    return weight, stats

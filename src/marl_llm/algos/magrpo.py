@@ -116,7 +116,8 @@ class MAGRPO(Algorithm):
                         advs: torch.Tensor) -> dict[str, float]:
         a = self.cfg
         settings = UpdateSettings(epochs=a.ppo_epochs, clip_eps=a.clip_eps, aggregation=a.loss_aggregation,
-                                  max_grad_norm=a.max_grad_norm, kl_coef=a.kl_coef if a.kl_mode == "loss" else 0.0)
+                                  max_grad_norm=a.max_grad_norm, kl_coef=a.kl_coef if a.kl_mode == "loss" else 0.0,
+                                  rollout_is_cap=a.rollout_is_cap)
         return policy_update(self.policies, agent, key, comps, advs, settings, self.micro_batch_size)
 
     def _buffered_update(self, batches: list[AgentBatch], end_of_epoch: bool) -> dict[str, float]:

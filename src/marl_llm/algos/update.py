@@ -8,6 +8,11 @@ in one step) for `epochs` passes; each mini-batch is cut into micro-batches of a
 `micro_batch_size` completions sharing one prompt (its KV cache is reused) whose gradients
 accumulate. Several optimizer steps over the same samples make them off-policy, so then the
 sampling-time log-probs are computed first and the PPO ratio is clipped (`clip_eps`).
+
+Completions that carry the sampler's own log-probs (`Completion.rollout_logprobs`: vLLM) get
+every token's loss weighted by the truncated importance ratio min(exp(old - rollout), C) of the
+trainer's pre-update log-prob to the sampler's (`rollout_is_cap` = C; losses.py), whatever the
+loss: the default MAGRPO loss has no ratio of its own to absorb the mismatch.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ class UpdateSettings:
     # base copy with algo.lora=null) added to the loss; 0: off.
     kl_coef: float = 0.0
     seed: int = 0
+    # C of the truncated importance weight min(exp(logp_old - logp_rollout), C) that corrects the
+    # sampler/trainer mismatch when completions carry rollout log-probs (vLLM); None: no weighting.
+    rollout_is_cap: float | None = 2.0
 
 
 def lr_schedulers(optimizers: list[torch.optim.Optimizer], algo_cfg, max_steps: int,
@@ -82,6 +90,18 @@ def micro_batches(completions: list[Completion], size: int, subset: list[int] | 
     singles = sorted((idx[0] for idx in groups.values() if len(idx) == 1),
                      key=lambda j: len(completions[j].prompt_ids) + len(completions[j].completion_ids))
     return chunks + [singles[s:s + size] for s in range(0, len(singles), size)]
+
+
+def rollout_logprobs(comps: list[Completion], like: torch.Tensor) -> torch.Tensor | None:
+    """The micro-batch's sampler log-probs padded like the trainer's `like` [B, C] (NaN where a
+    completion has none: weight 1), or None when no completion carries any (HFRollout)."""
+    if all(c.rollout_logprobs is None for c in comps):
+        return None
+    out = torch.full(like.shape, float("nan"), dtype=torch.float32)
+    for row, c in enumerate(comps):
+        if c.rollout_logprobs is not None:
+            out[row, :len(c.rollout_logprobs)] = c.rollout_logprobs[:like.shape[1]]
+    return out.to(like.device)
 
 
 def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], comps: list[Completion],
@@ -156,7 +176,9 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
                         for row, j in enumerate(idx):
                             old_logp[row, :len(old[j])] = old[j]
                     loss, stats = policy_loss(logp, old_logp, advs[idx].to(device), mask, aggregation=s.aggregation,
-                                              clip_eps=s.clip_eps, ref_logp=ref, kl_coef=s.kl_coef)
+                                              clip_eps=s.clip_eps, ref_logp=ref, kl_coef=s.kl_coef,
+                                              rollout_logp=rollout_logprobs([comps[j] for j in idx], logp),
+                                              rollout_is_cap=s.rollout_is_cap)
                     # Weights make the micro-batches sum to the mini-batch's loss.
                     weight = (float(mask.sum()) / max(batch_tokens, 1) if s.aggregation == "token_mean"
                               else len(idx) / len(batch))
@@ -172,7 +194,7 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
                 n_steps += 1
     lengths = [len(c.completion_ids) for c in comps] or [0]  # a data-parallel rank may hold none
     out = {k: v for k, v in acc.items() if k in ("loss", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean",
-                                                 "clip_ratio/region_mean")}
+                                                 "clip_ratio/region_mean") or k.startswith("rollout_is/")}
     out.update({
         "grad_norm": grad_norm,
         "optimizer_steps": float(n_steps),
