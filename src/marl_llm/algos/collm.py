@@ -21,7 +21,9 @@ Per trajectory of T turns with team rewards r_t and the values recorded at colle
 Advantages are normalized per (agent, turn) over the batch (a single sample is left as is).
 Actor i: -A * sum_t log pi_i(a_t | h_t) over its completion tokens, no importance ratio
 (clip_eps + ppo_epochs: PPO clipping). Critic: loss_coef * mean((y - V)^2), one optimizer step
-per batch.
+per batch. Where that is exact (ActorCritic._fits_at_collection: the default critic adapter, the
+unbuffered update), the collection-time values are read off the critic update's own
+forward/backward pass, run at collection (Critic.fit_fresh), instead of a no-grad pass of their own.
 
 With algo.rollout_buffer_size the granularity is comlrl's (marl_llm.algos.buffer): each agent's
 turn samples wait in its buffer, trajectory by trajectory; a full buffer is drained turn by turn,
@@ -36,15 +38,16 @@ from typing import Any, ClassVar
 
 import torch
 
+from marl_llm import fsdp
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.buffer import BufferedSample, SampleBuffer, step_stats
-from marl_llm.algos.critic import Critic, ValueHead
+from marl_llm.algos.critic import Critic, ValueHead, has_dropout
 from marl_llm.algos.returns import gae, normalize_per_group, td0
 from marl_llm.algos.update import UpdateSettings, policy_update
 from marl_llm.config import UserError
 from marl_llm.episodes import JointNode, JointTree
 from marl_llm.evaluation import reward_metrics
-from marl_llm.models import load_base, lora_weights
+from marl_llm.models import full_model, load_base, lora_weights
 from marl_llm.prompting import encode_prompt
 from marl_llm.tasks.base import Problem
 
@@ -79,6 +82,9 @@ class CriticBatch:
     completions: list[torch.Tensor] | None
     targets: torch.Tensor
     old_values: torch.Tensor
+    # The critic already ran its update's forward/backward at collection (Critic.fit_fresh): the
+    # update only steps it.
+    fitted: bool = False
 
 
 class ActorCritic(Algorithm):
@@ -111,8 +117,11 @@ class ActorCritic(Algorithm):
             adapter = p.agents[owner].adapter
             trunk = lora_weights(model, adapter)
         else:  # separate: a full copy of the base, every weight trained (the reference's critic)
-            model, _ = load_base(p.base_specs[k], p.model_cfg, p.device, p.dtype)
-            model.requires_grad_(True)
+            # fp32 master weights under bf16 autocast, as a fully fine-tuned actor (models.full_model):
+            # trained in bf16, AdamW at the presets' lr 5e-6 would round every update away.
+            model, _ = load_base(p.base_specs[k], p.model_cfg, p.device,
+                                 torch.float32 if p.autocast_dtype is not None else p.dtype)
+            full_model(model, p.autocast_dtype, device_type=p.device.type)
             trunk = dict(model.named_parameters())
         torch.manual_seed(p.seed + 31 * (len(self.task.agent_names) + (owner or 0)))
         head = ValueHead(model.config.hidden_size, c.hidden_layer).to(p.device)
@@ -151,27 +160,39 @@ class ActorCritic(Algorithm):
         nodes = [n for chain in chains for n in chain]
         n_agents = self.task.num_agents
         agent_adv: list[torch.Tensor] = [torch.zeros(0)] * n_agents
-        self._critic_batches = []
-        for critic, owner in zip(self.critics, self.owners):
-            prompts, comps = self.critic_inputs(nodes, owner)
-            values = critic.values(prompts, comps).double()
-            adv, targets = torch.zeros_like(values), torch.zeros_like(values)
-            start = 0
-            for chain in chains:
-                span = slice(start, start + len(chain))
-                rewards = torch.tensor([n.reward.total + shift for n in chain], dtype=torch.float64)
-                if a.estimator == "gae":
-                    adv[span], targets[span] = gae(rewards, values[span], a.discount, a.gae_lambda)
-                else:
-                    adv[span], targets[span] = td0(rewards, values[span], a.discount)
-                start += len(chain)
-            self._critic_batches.append(CriticBatch(prompts, comps, targets.float(), values.float()))
-            for i in (range(n_agents) if owner is None else [owner]):
-                agent_adv[i] = adv
-        turns = [n.turn for n in nodes]
         starts = [0]
         for chain in chains[:-1]:
             starts.append(starts[-1] + len(chain))
+        spans = [list(range(s, s + len(c))) for s, c in zip(starts, chains)]  # each trajectory's rows
+        chain_of = [c for c, rows in enumerate(spans) for _ in rows]
+        rewards = [torch.tensor([n.reward.total + shift for n in chain], dtype=torch.float64) for chain in chains]
+        self._critic_batches = []
+        for critic, owner in zip(self.critics, self.owners):
+            prompts, comps = self.critic_inputs(nodes, owner)
+            values = torch.zeros(len(nodes), dtype=torch.float64)
+            adv, targets = torch.zeros_like(values), torch.zeros_like(values)
+
+            def estimate(rows: list[int], v: torch.Tensor) -> torch.Tensor:
+                """Advantages and TD targets of the trajectories of `rows` (whole ones) from
+                their values v: Tensor[len(rows)]; returns the rows' targets."""
+                values[rows] = v.double()
+                for c in dict.fromkeys(chain_of[r] for r in rows):
+                    span = slice(spans[c][0], spans[c][-1] + 1)
+                    if a.estimator == "gae":
+                        adv[span], targets[span] = gae(rewards[c], values[span], a.discount, a.gae_lambda)
+                    else:
+                        adv[span], targets[span] = td0(rewards[c], values[span], a.discount)
+                return targets[rows]
+
+            fitted = self._fits_at_collection(critic, spans)
+            if fitted:  # values off the update's own pass: no pass of their own
+                critic.fit_fresh(prompts, comps, spans, estimate)
+            else:
+                estimate(list(range(len(nodes))), critic.values(prompts, comps))
+            self._critic_batches.append(CriticBatch(prompts, comps, targets.float(), values.float(), fitted))
+            for i in (range(n_agents) if owner is None else [owner]):
+                agent_adv[i] = adv
+        turns = [n.turn for n in nodes]
         self._chains = list(zip(starts, [len(c) for c in chains]))
         batches = []
         for i, adv in enumerate(agent_adv):
@@ -181,13 +202,26 @@ class ActorCritic(Algorithm):
             batches.append(AgentBatch(i, [n.completions[i] for n in nodes], adv.float(), list(turns)))
         return batches
 
+    def _fits_at_collection(self, critic: Critic, spans: list[list[int]]) -> bool:
+        """Whether `critic` can run its update's forward/backward now and read its collection-time
+        values off that pass (saving a forward pass per sample, about a quarter of the critic's compute)
+        with the same values, targets and gradient: only when nothing changes the critic before its
+        one step of this trainer step (the unbuffered update and the critic's own adapter: a shared
+        actor trunk moves with the actor steps in between, buffered updates step it on other
+        samples first; a separate critic would hold a full model's gradient across the actor
+        update), the pass is deterministic (no dropout), and every trajectory fits one micro-batch
+        (its TD targets need all its values). Not on an FSDP-sharded model."""
+        return (self.buffer is None and self.cfg.critic.placement == "adapter"
+                and max((len(rows) for rows in spans), default=0) <= critic.micro_batch_size
+                and not has_dropout(critic.model) and not fsdp.is_sharded(critic.model))
+
     # -------------------------------------------------------------------------------- update
     def update(self, batches: list[AgentBatch], end_of_epoch: bool = False) -> dict[str, float]:
         if self.buffer is not None:
             return self._buffered_update(batches, end_of_epoch)
         a = self.cfg
         settings = UpdateSettings(epochs=a.ppo_epochs, clip_eps=a.clip_eps, aggregation=a.loss_aggregation,
-                                  max_grad_norm=a.max_grad_norm)
+                                  max_grad_norm=a.max_grad_norm, rollout_is_cap=a.rollout_is_cap)
         stats: dict[str, float] = {}
         for key in self.policies.trainable_adapters():
             agents = self.policies.agents_of(key)
@@ -199,7 +233,8 @@ class ActorCritic(Algorithm):
         # Each critic steps once on the whole batch.
         critic_stats: dict[str, list[float]] = {}
         for critic, owner, cb in zip(self.critics, self.owners, self._critic_batches):
-            s = critic.update(cb.prompts, cb.completions, cb.targets, cb.old_values)
+            s = critic.step_fitted() if cb.fitted else critic.update(cb.prompts, cb.completions, cb.targets,
+                                                                      cb.old_values)
             s["advantages/mean"] = float((cb.targets - cb.old_values).mean())
             prefix = "critic" if owner is None else f"{self.task.agent_names[owner]}/critic"
             stats.update({f"{prefix}/{k}": v for k, v in s.items()})
@@ -217,7 +252,7 @@ class ActorCritic(Algorithm):
         assert self.buffer is not None
         a, policies = self.cfg, self.policies
         settings = UpdateSettings(epochs=a.ppo_epochs, clip_eps=a.clip_eps, aggregation=a.loss_aggregation,
-                                  max_grad_norm=a.max_grad_norm)
+                                  max_grad_norm=a.max_grad_norm, rollout_is_cap=a.rollout_is_cap)
         actor_parts: dict[int, list[dict[str, float]]] = {i: [] for i in range(len(batches))}
         critic_parts: dict[int, list[dict[str, float]]] = {j: [] for j in range(len(self.critics))}
         n_agents = len(batches)
@@ -267,6 +302,10 @@ class ActorCritic(Algorithm):
         return stats
 
     # ---------------------------------------------------------------------------- checkpoint
+    def extra_models(self) -> list[Any]:
+        """The separate critics' own models (critic.placement=separate)."""
+        return [c.model for c in self.critics if c.adapter is None and all(c.model is not m for m in self.policies.models)]
+
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"critics": {c.name: c.state_dict() for c in self.critics}}
         if self.buffer is not None:

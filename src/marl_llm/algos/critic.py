@@ -5,12 +5,17 @@ hidden layer of a (LoRA-adapted) causal LM.
     v = sequence_values(model, head, prompts, None, pad)          # V(h): at the last prompt token
     q = sequence_values(model, head, prompts, completions, pad)   # Q(h, a): at the last completion token
     critic = Critic(...); v = critic.values(prompts); stats = critic.update(prompts, None, targets, v)
+    v, y = critic.fit_fresh(prompts, None, groups, targets_of); ...; stats = critic.step_fitted()
+                                                      # the same, values read off the update's own pass
 
 Sequences are packed as [left-padded prompt | right-padded completion] (rollout.pad_pairs), so
 every prompt ends at the same column and a completion's last token sits at P + len(c) - 1.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -61,6 +66,26 @@ def sequence_values(model, head: ValueHead, prompts: list[Tensor], completions: 
     return head(hidden[torch.arange(len(prompts), device=device), at])
 
 
+def has_dropout(model) -> bool:
+    """Whether a train-mode forward of `model` is random (a dropout module with p > 0, or the
+    attention dropout that Llama-style models apply without a module)."""
+    config = getattr(model, "config", None)
+    return (any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
+            or float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0)
+
+
+@dataclass
+class _Pass:
+    """One forward/backward pass over n samples whose gradient awaits the optimizer step:
+    values, targets: Tensor[n] (float32, CPU)."""
+
+    n: int
+    values: Tensor
+    targets: Tensor
+    loss_sum: float = 0.0
+    clipped: int = 0
+
+
 class Critic:
     """One critic: a trunk (a LoRA adapter on the actors' frozen base, an actor's own adapter, or
     a separate fully trained model) plus a ValueHead, with its own AdamW optimizer.
@@ -85,11 +110,19 @@ class Critic:
         for p in self.trunk.values():  # set_adapter clears the flag of inactive adapters
             p.requires_grad_(True)
 
-    def _chunks(self, prompts: list[Tensor], completions: list[Tensor] | None) -> list[list[int]]:
-        """Micro-batches of similar total length (less padding)."""
+    def _chunks(self, prompts: list[Tensor], completions: list[Tensor] | None,
+                groups: list[list[int]] | None = None) -> list[list[int]]:
+        """Micro-batches of similar total length (less padding), of at most micro_batch_size
+        samples; `groups` (default: every sample alone) are never split across micro-batches."""
         size = [len(p) + (len(completions[j]) if completions is not None else 0) for j, p in enumerate(prompts)]
-        order = sorted(range(len(prompts)), key=size.__getitem__)
-        return [order[s:s + self.micro_batch_size] for s in range(0, len(order), self.micro_batch_size)]
+        order = sorted(groups if groups is not None else [[j] for j in range(len(prompts))],
+                       key=lambda g: max(size[j] for j in g))
+        chunks: list[list[int]] = []
+        for g in order:
+            if not chunks or len(chunks[-1]) + len(g) > self.micro_batch_size:
+                chunks.append([])
+            chunks[-1].extend(g)
+        return chunks
 
     def _forward(self, prompts: list[Tensor], completions: list[Tensor] | None, idx: list[int]) -> Tensor:
         comps = [completions[j] for j in idx] if completions is not None else None
@@ -109,33 +142,65 @@ class Critic:
         """One optimizer step on loss_coef * mean((y - V)^2) over all n samples (with value
         clipping: the max of the clipped and unclipped errors, PPO style). targets, old_values:
         Tensor[n]. Returns verl-style critic stats."""
+        return self._step(self._backward(prompts, completions, self._chunks(prompts, completions),
+                                          lambda idx, v: targets[idx], lambda idx, v: old_values[idx]))
+
+    def fit_fresh(self, prompts: list[Tensor], completions: list[Tensor] | None, groups: list[list[int]],
+                  targets_of: Callable[[list[int], Tensor], Tensor]) -> tuple[Tensor, Tensor]:
+        """`values()` and `update()`'s forward/backward in one pass, for a caller that would step the
+        critic on these samples with these values as the old values and nothing changing the critic
+        in between: the values are read off the pass with gradients instead of a pass of their own.
+        `targets_of(rows, values of rows)` gives the rows' targets (Tensor[len(rows)]); `groups`
+        (e.g. trajectories, whose TD targets need all their values) share a micro-batch each.
+        Returns (values, targets): Tensor[n]; the gradient waits for `step_fitted()`."""
+        self._fitted = self._backward(prompts, completions, self._chunks(prompts, completions, groups),
+                                      targets_of, lambda idx, v: v)
+        return self._fitted.values, self._fitted.targets
+
+    def step_fitted(self) -> dict[str, float]:
+        """The optimizer step of the last `fit_fresh` pass; its stats, as update() returns them."""
+        fitted, self._fitted = getattr(self, "_fitted", None), None
+        if fitted is None:
+            raise RuntimeError(f"{self.name}: step_fitted() without a fit_fresh() pass before it")
+        return self._step(fitted)
+
+    def _backward(self, prompts: list[Tensor], completions: list[Tensor] | None, chunks: list[list[int]],
+                  targets_of: Callable[[list[int], Tensor], Tensor],
+                  old_of: Callable[[list[int], Tensor], Tensor]) -> _Pass:
+        """Forward/backward of the loss over `chunks` (gradients accumulate; no step). targets_of /
+        old_of(rows, the rows' values Tensor[len(rows)]): their targets / old values."""
         self._activate()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         n = len(prompts)
-        values = torch.zeros(n)
-        loss_sum, clipped = 0.0, 0
+        out = _Pass(n, torch.zeros(n), torch.zeros(n))
         try:
-            for idx in self._chunks(prompts, completions):
+            for idx in chunks:
                 v = self._forward(prompts, completions, idx)
-                y = targets[idx].to(v.device, v.dtype)
+                seen = v.detach().float().cpu()
+                out.values[idx] = seen
+                out.targets[idx] = targets_of(idx, seen).float()
+                y = out.targets[idx].to(v.device, v.dtype)
                 err = (v - y) ** 2
                 if self.value_clip is not None:
-                    old = old_values[idx].to(v.device, v.dtype)
+                    old = old_of(idx, seen).to(v.device, v.dtype)
                     v_clip = old + (v - old).clamp(-self.value_clip, self.value_clip)
                     err_clip = (v_clip - y) ** 2
-                    clipped += int((err_clip > err).sum())
+                    out.clipped += int((err_clip > err).sum())
                     err = torch.maximum(err, err_clip)
                 loss = self.loss_coef * err.sum() / n
                 loss.backward()
-                loss_sum += float(loss.detach())
-                values[idx] = v.detach().float().cpu()
+                out.loss_sum += float(loss.detach())
         finally:
             self.model.eval()
+        return out
+
+    def _step(self, done: _Pass) -> dict[str, float]:
+        n, values, loss_sum, clipped = done.n, done.values, done.loss_sum, done.clipped
         sync_gradients(self.params, n)  # data-parallel ranks: the gradient over every rank's samples
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
         self.optimizer.step()
-        y = targets.float()
+        y = done.targets.float()
         var_y = float(y.var(unbiased=False)) if n > 1 else 0.0
         stats = {"vf_loss": loss_sum, "values/mean": float(values.mean()), "returns/mean": float(y.mean()),
                  "vf_explained_var": (1.0 - float((y - values).var(unbiased=False)) / var_y) if var_y > 0 else 0.0,
