@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench report clean
+.PHONY: setup run test bench bench-collm-cost bench-gpu report clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,19 @@ test: setup
 BENCH_ARGS ?=
 bench: setup
 	$(VENV)/bin/marl-llm-bench --out results $(BENCH_ARGS)
+
+# Where CoLLM's cost per joint action goes against MAGRPO's, phase by phase, with and without the
+# critic's own no-grad pass (results/collm_cost.md, .json). About 20 minutes on 2 CPU cores.
+bench-collm-cost: setup
+	$(VENV)/bin/marl-llm-bench collm-cost --out results
+
+# One GPU (install with TORCH=torch): decode tokens/s against transformers generate at batch 8/32/64,
+# the step split, MFU and peak memory of the HumanEval paper preset on random-weight Qwen2.5-1.5B and
+# Qwen2.5-Coder-3B shapes (results/gpu/<arch>_<dtype>.md, .json). GPU_ARGS adds flags and overrides,
+# e.g. GPU_ARGS="--arch qwen2.5-1.5b --no-deterministic"; `marl-llm-bench gpu --help` lists them.
+GPU_ARGS ?=
+bench-gpu: setup
+	$(VENV)/bin/marl-llm-bench gpu --device cuda --dtype bfloat16 --out results/gpu $(GPU_ARGS)
 
 # Comparison tables (results/<task>.md) and reward plots from finished runs under RUNS.
 RUNS ?= outputs multirun

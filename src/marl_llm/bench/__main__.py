@@ -8,6 +8,10 @@ own worker process so that peak memory is its own):
 - magrpo: marl-llm `algo=magrpo` vs comlrl's MAGRPOTrainer vs the ceiling (bare `generate` +
   one forward/backward), 2 agents, G=4, 64 new tokens (fixed: min = max), 1 prompt per step.
 - grpo: marl-llm `algo=single` vs trl's GRPOTrainer, 1 agent, LoRA r=8 on q/v, G=4, 64 tokens.
+- collm_cc / collm_dc (`--groups collm` for both): marl-llm `algo=collm_cc` vs comlrl's MAACTrainer
+  and `algo=collm_dc` vs comlrl's IACTrainer, 2 agents, 4 posts per step (one trajectory each: the
+  same 4 joint actions per step as the magrpo group), 64 tokens, both at comlrl's update
+  granularity (its buffer drains once per step).
 Then the rollout levers one at a time (bench/levers.py), marl-llm's scaling as G, the number of agents and the new tokens double, and a py-spy
 profile of marl-llm's step. Writes results/bench.{md,json}, bench_scaling.png,
 bench_profile.md. Timings are measured, never asserted.
@@ -32,6 +36,7 @@ from typing import Any
 from marl_llm.bench.workload import Workload
 
 TRL_LORA = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+COLLM_GROUPS = {"collm_cc": ["marl_collm_cc", "comlrl_maac"], "collm_dc": ["marl_collm_dc", "comlrl_iac"]}
 
 
 # ------------------------------------------------------------------------------------- workers
@@ -160,10 +165,13 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     if args.quick:
         base = dict(model=args.model, new_tokens=4, num_generations=2, threads=args.threads, dtype=args.dtype)
         return {"magrpo": Workload(agents=2, **base), "grpo": Workload(agents=1, lora=TRL_LORA, **base),
+                "collm": Workload(agents=2, **{**base, "num_generations": 1}, prompts_per_step=2),
                 "scaling": {"num_generations": [2, 4], "agents": [2, 4], "new_tokens": [4, 8]},
                 "warmup": 0, "steps": 1, "scaling_steps": 1, "profile_steps": 3, "lever_rounds": 1}
     base = dict(model=args.model, new_tokens=64, num_generations=4, threads=args.threads, dtype=args.dtype)
     return {"magrpo": Workload(agents=2, **base), "grpo": Workload(agents=1, lora=TRL_LORA, **base),
+            # One trajectory per environment: the magrpo group's G joint actions come from G posts.
+            "collm": Workload(agents=2, **{**base, "num_generations": 1}, prompts_per_step=base["num_generations"]),
             "scaling": {"num_generations": [2, 4, 8], "agents": [2, 4, 8], "new_tokens": [32, 64, 128]},
             "warmup": args.warmup, "steps": args.steps, "scaling_steps": 2, "profile_steps": 2,
             "lever_rounds": 3}
@@ -203,6 +211,15 @@ def machine() -> dict[str, Any]:
 
 # -------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else argv
+    if words[:1] == ["gpu"]:  # the one-GPU benchmark: bench/gpu.py
+        from marl_llm.bench.gpu import main as gpu_main
+
+        return gpu_main(words[1:])
+    if words[:1] == ["collm-cost"]:  # CoLLM's cost per joint action by phase: bench/collm_cost.py
+        from marl_llm.bench.collm_cost import main as collm_cost_main
+
+        return collm_cost_main(words[1:])
     ap = argparse.ArgumentParser(prog="python -m marl_llm.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="embedded", help="embedded (SmolLM2-135M) or a local HF checkpoint dir")
     ap.add_argument("--out", default="results", help="where bench.md, bench.json and the figures go")
@@ -211,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: torch's default)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                     help="weights of every system (the peers' defaults on CPU: float32)")
-    ap.add_argument("--groups", default="magrpo,grpo,levers",
-                    help="comma list: magrpo, grpo (the comparisons), levers (rollout levers one at a time)")
+    ap.add_argument("--groups", default="magrpo,grpo,collm,levers",
+                    help="comma list: magrpo, grpo, collm_cc, collm_dc (the comparisons; collm: both CoLLM "
+                         "groups), levers (rollout levers one at a time)")
     ap.add_argument("--no-scaling", action="store_true")
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--quick", action="store_true", help="tiny settings: checks that everything runs")
@@ -225,11 +243,18 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"command": "python -m marl_llm.bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
                               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(), "groups": {}}
     groups = [g.strip() for g in args.groups.split(",") if g.strip()]
+    groups = [x for g in groups for x in (COLLM_GROUPS if g == "collm" else [g])]
+    unknown = sorted(set(groups) - {"magrpo", "grpo", "levers", *COLLM_GROUPS})
+    if unknown:
+        ap.error(f"unknown --groups {', '.join(unknown)}: choose from magrpo, grpo, collm, collm_cc, collm_dc, levers")
     if "magrpo" in groups:
         report["groups"]["magrpo"] = alternate(["marl_magrpo", "comlrl_magrpo", "bare_generate"], p["magrpo"],
                                                p["warmup"], p["steps"], log_dir)
     if "grpo" in groups:
         report["groups"]["grpo"] = alternate(["marl_grpo", "trl_grpo"], p["grpo"], p["warmup"], p["steps"], log_dir)
+    for group, systems in COLLM_GROUPS.items():  # a pair at a time: comlrl keeps 3-4 full models each
+        if group in groups:
+            report["groups"][group] = alternate(systems, p["collm"], p["warmup"], p["steps"], log_dir)
     if "levers" in groups:
         from marl_llm.bench.levers import measure_levers
 
@@ -266,7 +291,29 @@ def ratios(groups: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         "grpo_peak_rss_vs_trl": ratio(g.get("marl_grpo", {}), g.get("trl_grpo", {}), "peak_rss_gib"),
         "rollout_throughput_vs_bare_generate": ratio(ours, bare, "rollout_tokens_per_s"),
         "step_time_vs_ceiling": ratio(ours, bare, "median_step_s"),
+        **collm_ratios(groups),
     }
+
+
+def collm_ratios(groups: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """marl-llm's CoLLM against comlrl's actor-critic trainers, and its cost per joint action
+    against marl-llm's MAGRPO (seconds per step / joint actions per step; same run)."""
+    out: dict[str, float | None] = {}
+    magrpo = groups.get("magrpo", {}).get("marl_magrpo", {})
+    for group, (ours_name, peer_name) in COLLM_GROUPS.items():
+        ours, peer = groups.get(group, {}).get(ours_name, {}), groups.get(group, {}).get(peer_name, {})
+        out[f"{group}_step_time_vs_{peer_name}"] = ratio(ours, peer, "median_step_s")
+        out[f"{group}_peak_rss_vs_{peer_name}"] = ratio(ours, peer, "peak_rss_gib")
+        out[f"{group}_per_joint_action_vs_magrpo"] = ratio(per_joint_action(ours), per_joint_action(magrpo), "s")
+    return out
+
+
+def per_joint_action(result: dict[str, Any]) -> dict[str, float]:
+    """{"s": median seconds per joint action} of a system's result ({} when it did not run)."""
+    if result.get("median_step_s") is None:
+        return {}
+    w = result["workload"]
+    return {"s": result["median_step_s"] / (w.get("prompts_per_step", 1) * w["num_generations"])}
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ each variant, alternated round by round in one process, median seconds per varia
 - own_decode_peft_mixed: marl-llm's decode loop (shared prefill per distinct prompt, finished rows
   leave the batch, inference mode), LoRA still through peft's mixed batches.
 - own_decode_mixed_lora: + MixedLoRA (stacked adapters, one row mask).
-- own_decode_all: + the preallocated KV cache: what marl-llm runs.
+- own_decode_all: + the preallocated KV cache: what marl-llm runs (trainer.decode=dynamic).
+- own_decode_static: the fixed-shape loop instead (trainer.decode=static: a StaticCache, no row
+  leaves the batch), not compiled: what CUDA graphs / torch.compile would capture.
 - bare_generate_no_lora: `generate` on the bare base model (the ceiling; no adapters at all).
 """
 
@@ -59,6 +61,7 @@ def measure_levers(workload: Workload, rounds: int) -> dict[str, Any]:
                 "own_decode_peft_mixed": own(mixed_lora=False, preallocate_cache=False),
                 "own_decode_mixed_lora": own(mixed_lora=True, preallocate_cache=False),
                 "own_decode_all": own(),
+                "own_decode_static": own(static=True),
                 "bare_generate_no_lora": bare}
     times: dict[str, list[float]] = {k: [] for k in variants}
     for r in range(rounds + 1):  # round 0 warms up

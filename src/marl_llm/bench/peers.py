@@ -3,6 +3,9 @@
 - `ComlrlMAGRPO`: comlrl's `MAGRPOTrainer` (multi-agent GRPO, one full model copy per agent,
   full-parameter AdamW per agent).
 - `TrlGRPO`: trl's `GRPOTrainer` (single-agent GRPO with a LoRA adapter).
+- `ComlrlMAAC` / `ComlrlIAC`: comlrl's actor-critic trainers (the same package as the MAGRPO
+  peer): one shared critic over the joint prompt (MAAC, vs marl-llm's CoLLM-CC) or one critic per
+  agent (IAC, vs CoLLM-DC); full model copies for every actor and critic.
 
 Both see marl-llm's own prompts (`task.initial_prompts`) and joint reward (`task.joint_rewards`),
 so the only difference measured is the training code. Each `step()` runs exactly one update of the
@@ -41,45 +44,15 @@ def time_generation(system: BenchSystem, trainer: Any, method: str, count_tokens
     setattr(trainer, method, timed)
 
 
-class ComlrlMAGRPO(BenchSystem):
-    """comlrl's MAGRPOTrainer: one step = its `_train_step_returns(batch_item)`, the per-item call
-    of its own `train()` loop. With rollout_buffer_size=1 the per-agent update runs inside it."""
+class _ComlrlPeer(BenchSystem):
+    """What every comlrl trainer is fed: a dataset of problem indices, per-agent formatters that
+    write marl-llm's prompts, and marl-llm's joint reward."""
 
-    name = "comlrl_magrpo"
-
-    def __init__(self, workload: Workload):
-        super().__init__(workload)
-        from comlrl.trainers.reinforce.magrpo import MAGRPOConfig, MAGRPOTrainer
+    def _dataset(self):
         from datasets import Dataset
 
-        w = workload
-        tokenizer = load_tokenizer(w)
-        # comlrl keeps one full model per agent; load them ourselves so w.dtype applies.
-        agents = [load_model(w) for _ in range(w.agents)]
-        args = MAGRPOConfig(
-            num_turns=1, rollout_buffer_size=1, eval_interval=0, num_agents=w.agents,
-            num_generations=w.num_generations, max_new_tokens=w.new_tokens,
-            temperature=w.temperature, top_p=w.top_p,
-            top_k=0,  # None: comlrl omits it and generate() fills in HF's default 50; 0 turns top-k off
-            agent_learning_rate=w.learning_rate,
-        )
         # Dataset items only name the problem: the per-agent formatters write marl-llm's prompts.
-        # Plain text, not chat-templated: comlrl cuts prompt from completion at the first pad
-        # token, and with pad == eos a chat template's end-of-turn token would cut it early.
-        dataset = Dataset.from_list([{"problem_index": k} for k in range(len(self.problems))])
-        self.trainer = MAGRPOTrainer(
-            agents=agents, num_agents=w.agents, tokenizer=tokenizer, train_dataset=dataset,
-            formatters=[self._formatter(i) for i in range(w.agents)],
-            reward_func=self._joint_reward, args=args,
-        )
-        for agent in self.trainer.agents:  # as its train() does before the epoch loop
-            agent.train()
-        self._tokens, self._rollout_seconds = 0, 0.0
-        # comlrl routes every rollout through `_generate_completions`, whose result carries each
-        # completion's length (`response_lens`).
-        time_generation(self, self.trainer, "_generate_completions",
-                        lambda out: sum(int(n) for n in out["response_lens"]))
-        self._step_index = 0
+        return Dataset.from_list([{"problem_index": k} for k in range(len(self.problems))])
 
     def _formatter(self, agent_index: int):
         def prompt_of(item: dict[str, Any]) -> str:
@@ -95,6 +68,44 @@ class ComlrlMAGRPO(BenchSystem):
         rewards = self.task.joint_rewards([problem] * len(joint_actions), joint_actions)
         return [r.total for r in rewards]
 
+
+class ComlrlMAGRPO(_ComlrlPeer):
+    """comlrl's MAGRPOTrainer: one step = its `_train_step_returns(batch_item)`, the per-item call
+    of its own `train()` loop. With rollout_buffer_size=1 the per-agent update runs inside it."""
+
+    name = "comlrl_magrpo"
+
+    def __init__(self, workload: Workload):
+        super().__init__(workload)
+        from comlrl.trainers.reinforce.magrpo import MAGRPOConfig, MAGRPOTrainer
+
+        w = workload
+        tokenizer = load_tokenizer(w)
+        # comlrl keeps one full model per agent; load them ourselves so w.dtype applies.
+        agents = [load_model(w) for _ in range(w.agents)]
+        args = MAGRPOConfig(
+            num_turns=1, rollout_buffer_size=1, eval_interval=0, num_agents=w.agents,
+            num_generations=w.num_generations, max_new_tokens=w.new_tokens,
+            temperature=w.temperature, top_p=w.top_p,
+            top_k=0,  # None: comlrl omits it and generate() fills in HF's default 50; 0 turns top-k off
+            agent_learning_rate=w.learning_rate,
+        )
+        # Plain text, not chat-templated: comlrl cuts prompt from completion at the first pad
+        # token, and with pad == eos a chat template's end-of-turn token would cut it early.
+        self.trainer = MAGRPOTrainer(
+            agents=agents, num_agents=w.agents, tokenizer=tokenizer, train_dataset=self._dataset(),
+            formatters=[self._formatter(i) for i in range(w.agents)],
+            reward_func=self._joint_reward, args=args,
+        )
+        for agent in self.trainer.agents:  # as its train() does before the epoch loop
+            agent.train()
+        self._tokens, self._rollout_seconds = 0, 0.0
+        # comlrl routes every rollout through `_generate_completions`, whose result carries each
+        # completion's length (`response_lens`).
+        time_generation(self, self.trainer, "_generate_completions",
+                        lambda out: sum(int(n) for n in out["response_lens"]))
+        self._step_index = 0
+
     def step(self) -> StepStats:
         w = self.workload
         item = self.trainer.train_dataset[self._step_index % len(self.problems)]
@@ -107,6 +118,90 @@ class ComlrlMAGRPO(BenchSystem):
         if any(self.trainer.rollout_buffers):
             raise RuntimeError("comlrl buffered the step's samples instead of updating (rollout_buffer_size != 1?)")
         return StepStats(seconds=seconds, tokens=self._tokens, rollout_seconds=self._rollout_seconds)
+
+
+class ComlrlMAAC(_ComlrlPeer):
+    """comlrl's MAACTrainer (one critic over the joint prompt: the peer of marl-llm's CoLLM-CC).
+
+    One step = its `_run_batch` (the body of its own `train()` loop) over `prompts_per_step`
+    dataset items, one trajectory (G = 1) each, with rollout_buffer_size = train_batch_size = the
+    step's samples per agent: the buffers drain once per step, one actor step per agent and one
+    critic step per agent's batch (the shared critic: once per agent), as comlrl trains."""
+
+    name = "comlrl_maac"
+
+    def __init__(self, workload: Workload):
+        super().__init__(workload)
+        from comlrl.trainers.actor_critic.maac import MAACConfig, MAACTrainer
+
+        self._build(MAACConfig, MAACTrainer, critics=1, early_termination_threshold=None)
+
+    def _build(self, config_cls, trainer_cls, critics: int, **options: Any) -> None:
+        w = self.workload
+        if w.num_generations != 1:
+            raise ValueError(f"{self.name}: one trajectory per environment: set num_generations=1 "
+                             f"(got {w.num_generations}) and prompts_per_step for more")
+        n = w.joint_actions_per_step
+        args = config_cls(
+            num_train_epochs=1, num_turns=1, num_agents=w.agents, num_generations=1,
+            rollout_buffer_size=n, train_batch_size=n, eval_interval=0,
+            max_new_tokens=w.new_tokens, temperature=w.temperature, top_p=w.top_p,
+            top_k=0,  # None: comlrl omits it and generate() fills in HF's default 50; 0 turns top-k off
+            agent_learning_rate=w.learning_rate, **options,
+        )
+        # comlrl keeps full models: one per actor and per critic, loaded here so w.dtype applies.
+        self.trainer = trainer_cls(
+            agents=[load_model(w) for _ in range(w.agents)], critics=[load_model(w) for _ in range(critics)],
+            tokenizer=load_tokenizer(w), train_dataset=self._dataset(),
+            formatters=[self._formatter(i) for i in range(w.agents)], reward_func=self._joint_reward, args=args,
+        )
+        self._tokens, self._rollout_seconds = 0, 0.0
+        for agent in self.trainer.agents:  # every rollout goes through the actor's generate()
+            self._time_generate(agent)
+        self._step_index = 0
+
+    def _time_generate(self, agent: Any) -> None:
+        """Wrap the actor's `generate` (comlrl's CausalLMWithValueHead proxy): min = max new tokens
+        fixes every completion's length (comlrl's trainers pass no generation kwargs through), and
+        every call adds its wall time and new tokens to the step's rollout counters."""
+        generate, fixed = agent.generate, self.workload.new_tokens
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            out = generate(*args, **{**kwargs, "min_new_tokens": fixed})
+            self._rollout_seconds += time.perf_counter() - start
+            self._tokens += out.shape[0] * (out.shape[1] - kwargs["input_ids"].shape[1])
+            return out
+
+        agent.generate = timed
+
+    def step(self) -> StepStats:
+        from collections import defaultdict
+
+        items = [self.trainer.train_dataset[j] for j in self.step_problems(self._step_index)]
+        self._step_index += 1
+        self._tokens, self._rollout_seconds = 0, 0.0
+        start = time.perf_counter()
+        self.trainer._run_batch(items, defaultdict(list))
+        seconds = time.perf_counter() - start
+        if any(self.trainer.rollout_buffers):
+            raise RuntimeError(f"{self.name} kept samples in its buffers instead of updating "
+                               "(rollout_buffer_size != samples per step?)")
+        return StepStats(seconds=seconds, tokens=self._tokens, rollout_seconds=self._rollout_seconds)
+
+
+class ComlrlIAC(ComlrlMAAC):
+    """comlrl's IACTrainer with separate per-agent critics (use_separate_critic, its default: the
+    peer of marl-llm's CoLLM-DC); otherwise as ComlrlMAAC, each critic stepping once per step."""
+
+    name = "comlrl_iac"
+
+    def __init__(self, workload: Workload):
+        _ComlrlPeer.__init__(self, workload)
+        from comlrl.trainers.actor_critic.iac import IACConfig, IACTrainer
+
+        self._build(IACConfig, IACTrainer, critics=workload.agents, use_separate_critic=True,
+                    early_termination_threshold=None)
 
 
 class _TrainingStopped(Exception):

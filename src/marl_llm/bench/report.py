@@ -10,11 +10,23 @@ from marl_llm.atomic import atomic_write_text
 
 LABELS = {"marl_magrpo": "marl-llm MAGRPO", "comlrl_magrpo": "comlrl MAGRPOTrainer",
           "bare_generate": "ceiling: bare generate + fwd/bwd", "marl_grpo": "marl-llm GRPO (algo=single)",
-          "trl_grpo": "trl GRPOTrainer"}
+          "trl_grpo": "trl GRPOTrainer", "marl_collm_cc": "marl-llm CoLLM-CC", "comlrl_maac": "comlrl MAACTrainer",
+          "marl_collm_dc": "marl-llm CoLLM-DC", "comlrl_iac": "comlrl IACTrainer"}
+# What differs between a group's systems beyond the shared workload (printed under its table).
+NOTES = {
+    "collm_cc": "Both at comlrl's granularity: per agent one actor step on its samples of the step, then one step "
+                "of the shared critic on the same samples (so once per agent). marl-llm: LoRA actors and a LoRA critic "
+                "adapter on one shared frozen base, V(h) over the chat-templated joint prompt; comlrl: 3 full "
+                "models (2 actors, 1 critic), all weights trained, its joint prompt as plain text.",
+    "collm_dc": "Both at comlrl's granularity: per agent one actor step and one step of its own critic on its "
+                "samples of the step. marl-llm: LoRA actors and one LoRA critic adapter per agent on one shared frozen base; "
+                "comlrl: 4 full models (2 actors, 2 separate critics), all weights trained.",
+}
 LEVERS = {"hf_generate_peft_mixed": "transformers generate, peft mixed-adapter batches (before)",
           "own_decode_peft_mixed": "own decode loop (shared prefill, inference mode), peft mixed batches",
           "own_decode_mixed_lora": "+ MixedLoRA (stacked adapters, row mask)",
           "own_decode_all": "+ preallocated KV cache (marl-llm now)",
+          "own_decode_static": "fixed-shape step instead: StaticCache, no compaction (trainer.decode=static)",
           "bare_generate_no_lora": "bare base model generate, no adapters (ceiling)"}
 AXES = {"num_generations": "G (joint actions per prompt)", "agents": "agents", "new_tokens": "new tokens"}
 
@@ -46,13 +58,19 @@ def write_report(report: dict[str, Any], out: Path) -> None:
              + ", ".join(f"{k} {v or 'not installed'}" for k, v in m["versions"].items()), "",
              "Each group's systems ran in turn (A B C A B C ...) after a warm-up, each in its own process "
              "(peak RSS is that process's own). Every completion is exactly the workload's new tokens long "
-             "(min = max new tokens) in every system. Same prompts (marl-llm's TLDR sample, one post per step), "
+             "(min = max new tokens) in every system. Same prompts (marl-llm's TLDR sample, one post per step; "
+             "the CoLLM groups: the next posts in order, one trajectory each), "
              "same joint reward, same sampling (temperature, top-p).", ""]
     for group, results in report["groups"].items():
         w = next((r["workload"] for r in results.values() if "workload" in r), {})
-        lines += [f"## {group}: {w.get('agents')} agent(s), G={w.get('num_generations')}, {w.get('new_tokens')} new tokens, "
+        per_step = w.get("prompts_per_step", 1)
+        lines += [f"## {group}: {w.get('agents')} agent(s), G={w.get('num_generations')}"
+                  + (f", {per_step} posts per step (one trajectory each)" if per_step > 1 else "")
+                  + f", {w.get('new_tokens')} new tokens, "
                   f"{w.get('dtype')}" + (f", LoRA {w['lora']}" if w.get("lora") else ", LoRA: marl-llm's defaults"), ""]
         lines += system_table(results) + [""]
+        if group in NOTES:
+            lines += [NOTES[group], ""]
     r = report["ratios"]
     lines += ["## Ratios (same run)", "", "| ratio | value | target |", "|---|---|---|",
               f"| marl-llm MAGRPO step time / comlrl | {_num(r['magrpo_step_time_vs_comlrl'], '.3f')} | <= 0.333 |",
@@ -60,7 +78,15 @@ def write_report(report: dict[str, Any], out: Path) -> None:
               f"| marl-llm GRPO step time / trl | {_num(r['grpo_step_time_vs_trl'], '.3f')} | <= 0.667 |",
               f"| marl-llm GRPO peak RSS / trl | {_num(r['grpo_peak_rss_vs_trl'], '.3f')} | |",
               f"| marl-llm rollout tokens/s / bare generate tokens/s | {_num(r['rollout_throughput_vs_bare_generate'], '.3f')} | >= 0.9 |",
-              f"| marl-llm step time / ceiling (bare generate + fwd/bwd) | {_num(r['step_time_vs_ceiling'], '.3f')} | |", ""]
+              f"| marl-llm step time / ceiling (bare generate + fwd/bwd) | {_num(r['step_time_vs_ceiling'], '.3f')} | |"]
+    for group, peer, label in (("collm_cc", "comlrl_maac", "CoLLM-CC"), ("collm_dc", "comlrl_iac", "CoLLM-DC")):
+        if f"{group}_step_time_vs_{peer}" not in r:  # a report from before the CoLLM groups
+            continue
+        lines += [f"| marl-llm {label} step time / {LABELS[peer]} | {_num(r[f'{group}_step_time_vs_{peer}'], '.3f')} | |",
+                  f"| marl-llm {label} peak RSS / {LABELS[peer]} | {_num(r[f'{group}_peak_rss_vs_{peer}'], '.3f')} | |",
+                  f"| marl-llm {label} / MAGRPO, seconds per joint action (comlrl's granularity) | "
+                  f"{_num(r[f'{group}_per_joint_action_vs_magrpo'], '.3f')} | |"]
+    lines.append("")
     if report.get("levers"):
         lv = report["levers"]
         ref = lv["hf_generate_peft_mixed"]["median_s"]

@@ -1,7 +1,8 @@
 """marl-llm's own systems and the hardware ceiling, plus the registry of every benchmark system.
 
 - `MarlLLM`: the real trainer (`trainer.build` + `trainer.train_step`) composed from conf/ as
-  `marl-llm algo=magrpo` (or `algo=single` with one agent) would compose it.
+  `marl-llm algo=magrpo` (or `algo=single` with one agent) would compose it; `MarlCoLLMCC` /
+  `MarlCoLLMDC` the same trainer as `algo=collm_cc` / `algo=collm_dc`.
 - `BareGenerate`: the ceiling. A plain `transformers` model with no adapters: one batched
   `generate` of the same number of sequences and tokens from the same prompts, then one
   forward/backward over them (input gradients only: the least any adapter update must do).
@@ -31,29 +32,38 @@ class MarlLLM(BenchSystem):
         w = workload
         self.cfg = compose(self.overrides(w))
         quiet_libraries()
-        seed_everything(w.seed)
+        seed_everything(w.seed, self.cfg.trainer.deterministic)
         self.run = build(self.cfg, task=self.task)
         self.k = 0
 
-    @staticmethod
-    def overrides(w: Workload) -> list[str]:
+    @classmethod
+    def overrides(cls, w: Workload) -> list[str]:
         T = w.new_tokens
-        out = [f"algo={'single' if w.agents == 1 else 'magrpo'}", f"task={w.task}", "logger=none",
+        out = [f"algo={cls.algo(w)}", f"task={w.task}", "logger=none",
                f"run_dir={tempfile.mkdtemp(prefix='marl-bench-')}", f"seed={w.seed}", "algo.num_turns=1",
-               f"algo.num_generations={w.num_generations}", f"algo.sampling.max_new_tokens={T}",
+               f"algo.sampling.max_new_tokens={T}",
                f"algo.sampling.min_new_tokens={T}", f"algo.sampling.temperature={w.temperature}",
                f"algo.sampling.top_p={w.top_p}", f"algo.learning_rate={w.learning_rate}",
-               "trainer.prompts_per_step=1", "trainer.max_steps=1000000", *model_overrides(w)]
+               f"trainer.prompts_per_step={w.prompts_per_step}", "trainer.max_steps=1000000", *model_overrides(w),
+               *cls.algo_overrides(w)]
         if w.lora:
             out += [f"algo.lora.r={w.lora['r']}", f"algo.lora.alpha={w.lora['alpha']}",
                     f"algo.lora.target_modules=[{','.join(w.lora['target_modules'])}]"]
         return out + list(w.extra.get("overrides", []))
 
+    @staticmethod
+    def algo(w: Workload) -> str:
+        return "single" if w.agents == 1 else "magrpo"
+
+    @staticmethod
+    def algo_overrides(w: Workload) -> list[str]:
+        return [f"algo.num_generations={w.num_generations}"]
+
     def step(self) -> StepStats:
         from marl_llm.trainer import train_step
 
-        problem = self.problems[self.k % len(self.problems)]
-        _, m = train_step(self.run, self.cfg, self.k, problems=[problem])
+        problems = [self.problems[j] for j in self.step_problems(self.k)]
+        _, m = train_step(self.run, self.cfg, self.k, problems=problems)
         self.k += 1
         return StepStats(m["step_time"], int(m["num_tokens"]), m["timing/rollout"])
 
@@ -62,6 +72,33 @@ class MarlGRPO(MarlLLM):
     """Single-agent GRPO in marl-llm (`algo=single`): the same trainer with one agent."""
 
     name = "marl_grpo"
+
+
+class MarlCoLLMCC(MarlLLM):
+    """marl-llm's CoLLM-CC (`algo=collm_cc`): one trajectory per environment, `prompts_per_step`
+    environments per step, at comlrl's update granularity (its per-agent buffer holding exactly one
+    step's samples: per agent one actor step and one step of its critic, CC's shared critic once per
+    agent), so that one step does the work of one comlrl step."""
+
+    name = "marl_collm_cc"
+
+    @classmethod
+    def algo(cls, w: Workload) -> str:
+        return cls.name.removeprefix("marl_")
+
+    @staticmethod
+    def algo_overrides(w: Workload) -> list[str]:
+        if w.num_generations != 1:
+            raise ValueError(f"CoLLM samples one joint action per environment: set num_generations=1 "
+                             f"(got {w.num_generations}) and prompts_per_step for more")
+        n = w.joint_actions_per_step
+        return [f"algo.rollout_buffer_size={n}", f"algo.train_batch_size={n}"]
+
+
+class MarlCoLLMDC(MarlCoLLMCC):
+    """marl-llm's CoLLM-DC (`algo=collm_dc`): one critic per agent; otherwise as MarlCoLLMCC."""
+
+    name = "marl_collm_dc"
 
 
 class BareGenerate(BenchSystem):
@@ -109,6 +146,7 @@ class BareGenerate(BenchSystem):
 
 def registry() -> dict[str, type[BenchSystem]]:
     """Every system by name; the peers' classes import their packages only when built."""
-    from marl_llm.bench.peers import ComlrlMAGRPO, TrlGRPO
+    from marl_llm.bench.peers import ComlrlIAC, ComlrlMAAC, ComlrlMAGRPO, TrlGRPO
 
-    return {c.name: c for c in (MarlLLM, MarlGRPO, BareGenerate, ComlrlMAGRPO, TrlGRPO)}
+    return {c.name: c for c in (MarlLLM, MarlGRPO, MarlCoLLMCC, MarlCoLLMDC, BareGenerate, ComlrlMAGRPO, TrlGRPO,
+                                ComlrlMAAC, ComlrlIAC)}

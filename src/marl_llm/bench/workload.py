@@ -17,6 +17,9 @@ class Workload:
 
     model: "embedded" (SmolLM2-135M-Instruct) or a local HF checkpoint directory.
     agents: number of cooperating agents (MAGRPO; 1 for single-agent GRPO).
+    num_generations: joint actions sampled per prompt (G; the actor-critic group: 1).
+    prompts_per_step: problems per step, each its own environment (the actor-critic group runs
+        one trajectory per environment, so its joint actions per step come from here).
     new_tokens: every completion is exactly this long (min = max new tokens) where the system
         allows it, so systems and steps generate the same number of tokens.
     lora: LoRA settings {r, alpha, target_modules}; None keeps the algorithm's own defaults.
@@ -28,6 +31,7 @@ class Workload:
     dtype: str = "float32"
     agents: int = 2
     num_generations: int = 4
+    prompts_per_step: int = 1
     new_tokens: int = 64
     temperature: float = 0.6
     top_p: float = 0.6
@@ -46,8 +50,12 @@ class Workload:
         return cls(**json.loads(text))
 
     @property
+    def joint_actions_per_step(self) -> int:
+        return self.prompts_per_step * self.num_generations
+
+    @property
     def sequences_per_step(self) -> int:
-        return self.agents * self.num_generations
+        return self.agents * self.joint_actions_per_step
 
     @property
     def tokens_per_step(self) -> int:
@@ -82,6 +90,11 @@ class BenchSystem:
             torch.set_num_threads(workload.threads)
         torch.manual_seed(workload.seed)
         self.task, self.problems = workload_task(workload)
+
+    def step_problems(self, k: int) -> list[int]:
+        """Indices of step k's problems: the next `prompts_per_step` in order, wrapping around."""
+        p = self.workload.prompts_per_step
+        return [(k * p + j) % len(self.problems) for j in range(p)]
 
     def step(self) -> StepStats:
         raise NotImplementedError
