@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from marl_llm.bench.collm_cost import PHASES, main
 
 
 def test_collm_cost_splits_each_system_by_phase(tiny_model_dir, tmp_path):
     out = tmp_path / "results"
+    threads = torch.get_num_threads()
     assert main(["--model", str(tiny_model_dir), "--rounds", "1", "--warmup", "0", "--new-tokens", "2",
                  "--out", str(out)]) == 0
+    assert torch.get_num_threads() == threads  # the caller's thread count is back (1 thread inside)
     report = json.loads((out / "collm_cost.json").read_text())
     systems = report["systems"]
     assert list(systems) == ["magrpo", "collm_cc", "collm_cc_ref", "collm_dc", "collm_dc_ref"]

@@ -210,14 +210,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU seconds are the work done)")
     args = ap.parse_args(argv)
-    import platform
-
     import torch
 
     from marl_llm.trainer import quiet_libraries
 
     quiet_libraries()
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    try:
+        report = measure(args, argv)
+    finally:  # a caller's own thread count (the tests run this in-process)
+        torch.set_num_threads(threads)
+    write_report(report, Path(args.out))
+    print(f"[collm-cost] wrote {Path(args.out) / 'collm_cost.md'}", file=sys.stderr)
+    return 0
+
+
+def measure(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
+    """Every system's rounds, summarized: the report that write_report writes."""
+    import platform
+
+    import torch
+
     began = time.time()
     systems = build_systems(args.model, args.new_tokens, args.threads)
     meter = PhaseMeter()
@@ -236,11 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['seconds']:.2f} CPU s per joint action", file=sys.stderr, flush=True)
                 if r >= args.warmup:
                     rows[name].append(row)
-    report = {"command": "marl-llm-bench collm-cost " + " ".join(shlex.quote(a) for a in (argv or sys.argv[2:])),
-              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "minutes": (time.time() - began) / 60,
-              "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}",
-              "threads": args.threads, "new_tokens": args.new_tokens, "rounds": args.rounds, "warmup": args.warmup,
-              "systems": {name: summarize(r) for name, r in rows.items()}}
-    write_report(report, Path(args.out))
-    print(f"[collm-cost] wrote {Path(args.out) / 'collm_cost.md'}", file=sys.stderr)
-    return 0
+    return {"command": "marl-llm-bench collm-cost " + " ".join(shlex.quote(a) for a in (argv or sys.argv[2:])),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "minutes": (time.time() - began) / 60,
+            "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}",
+            "threads": args.threads, "new_tokens": args.new_tokens, "rounds": args.rounds, "warmup": args.warmup,
+            "systems": {name: summarize(r) for name, r in rows.items()}}
