@@ -91,3 +91,53 @@ def test_resume_before_any_checkpoint_starts_over_with_clean_logs(tiny_model_dir
     train(compose_config(overrides(tiny_model_dir, run, 1, "trainer.resume=true")))
     rows = metrics(run)
     assert [r["step"] for r in rows] == [1] and rows[0]["train/reward"] != 9.0
+
+
+class Planted:
+    """A pickle that runs code when unpickled: it would create `marker`."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.makedirs, (self.marker,))
+
+
+def test_a_planted_pickle_in_a_checkpoint_never_runs(tiny_model_dir, tmp_path, capsys):
+    """Checkpoints load as tensors and plain data only: code planted in checkpoint.pt does not run
+    at resume; the run falls back to checkpoint.prev.pt and says why."""
+    run = tmp_path / "run"
+    train(compose_config(overrides(tiny_model_dir, run, 2)))
+    marker = tmp_path / "planted-code-ran"
+    state = torch.load(run / "checkpoint.pt", weights_only=True)
+    state["wandb_id"] = Planted(marker)
+    torch.save(state, run / "checkpoint.pt")
+    capsys.readouterr()
+    train(compose_config(overrides(tiny_model_dir, run, 3, "trainer.resume=true")))
+    assert not marker.exists()
+    out = capsys.readouterr().out
+    assert "checkpoint.pt is not plain data (it would run os.makedirs" in out and "resuming from checkpoint.prev.pt" in out
+    # Both planted: a clear refusal, still nothing run.
+    for name in ("checkpoint.pt", "checkpoint.prev.pt"):
+        torch.save({**state, "step": 2}, run / name)
+    with pytest.raises(UserError, match="no usable checkpoint.*not plain data"):
+        train(compose_config(overrides(tiny_model_dir, run, 4, "trainer.resume=true")))
+    assert not marker.exists()
+
+
+def test_checkpoints_with_numpys_own_rng_state_still_resume(tiny_model_dir, tmp_path):
+    """Checkpoints written before the RNG state became plain data hold numpy's tuple (an array):
+    they resume exactly as before."""
+    import numpy as np
+
+    straight = tmp_path / "straight"
+    train(compose_config(overrides(tiny_model_dir, straight, 3)))
+    run = tmp_path / "run"
+    train(compose_config(overrides(tiny_model_dir, run, 2)))
+    state = torch.load(run / "checkpoint.pt", weights_only=True)
+    n = state["rng"]["numpy"]
+    state["rng"]["numpy"] = (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
+    torch.save(state, run / "checkpoint.pt")
+    train(compose_config(overrides(tiny_model_dir, run, 3, "trainer.resume=true")))
+    assert steady(metrics(run)) == steady(metrics(straight))
+    assert same_adapters(adapters(run), adapters(straight))

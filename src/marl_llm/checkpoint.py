@@ -13,7 +13,9 @@ so.
 from __future__ import annotations
 
 import os
+import pickle
 import random
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,8 @@ from marl_llm.atomic import atomic_write, atomic_write_text  # noqa: F401  (re-e
 from marl_llm.config import UserError
 from marl_llm.models import AgentPolicies
 
+# What an older checkpoint's numpy RNG state (a uint32 array) unpickles through: nothing else.
+NUMPY_ARRAY_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
 CHECKPOINT = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
 REQUIRED = ("step", "adapters", "optimizers", "rng", "config", "wandb_id")
@@ -36,7 +40,11 @@ FAULT_ENV = "MARL_LLM_FAULT"
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG's state as tensors and plain data (checkpoints load with weights_only=True)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                   "has_gauss": int(has_gauss), "gauss": float(gauss)}
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -44,7 +52,10 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    if isinstance(n, dict):
+        n = (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
+    np.random.set_state(n)  # checkpoints from before plain data hold numpy's own tuple
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -86,7 +97,14 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
     if not path.is_file():
         return None, "missing"
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        # Tensors and plain data only: unpickling anything else could run code planted in the file.
+        # Older checkpoints hold numpy's RNG state as an array: its reconstruction is allowed too.
+        with torch.serialization.safe_globals(NUMPY_ARRAY_GLOBALS):
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        return None, (f"not plain data (it would run {found.group(1) if found else 'code'} when loaded; marl-llm loads "
+                      "only tensors and plain data)")
     except Exception as err:  # noqa: BLE001  (a truncated zip, garbage bytes, ...)
         return None, f"unreadable ({type(err).__name__}: {str(err)[:120]})"
     missing = [k for k in REQUIRED if not isinstance(ckpt, dict) or k not in ckpt]
