@@ -141,3 +141,27 @@ def test_checkpoints_with_numpys_own_rng_state_still_resume(tiny_model_dir, tmp_
     train(compose_config(overrides(tiny_model_dir, run, 3, "trainer.resume=true")))
     assert steady(metrics(run)) == steady(metrics(straight))
     assert same_adapters(adapters(run), adapters(straight))
+
+
+def test_a_fresh_run_never_starts_in_a_dir_that_holds_a_run(tiny_model_dir, tmp_path):
+    """Starting (not resuming) in a run's dir is refused, naming the fix, and leaves that run's
+    checkpoints and logs exactly as they were; resuming it is still allowed."""
+    run = tmp_path / "run"
+    train(compose_config(overrides(tiny_model_dir, run, 1)))
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert {"checkpoint.pt", "metrics.jsonl", ".marl-llm-run"} <= set(before)
+    with pytest.raises(UserError, match=r"already holds a run \(\.marl-llm-run, checkpoint\.pt.*trainer\.resume=true"):
+        train(compose_config(overrides(tiny_model_dir, run, 2)))
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    train(compose_config(overrides(tiny_model_dir, run, 2, "trainer.resume=true")))
+    assert [r["step"] for r in metrics(run)] == [1, 2]
+
+
+def test_two_runs_starting_in_one_dir_at_once_get_it_once(tmp_path):
+    from marl_llm.trainer import claim_run_dir
+
+    run = tmp_path / "same-second"
+    assert claim_run_dir(run, resume=False) is None
+    refusal = claim_run_dir(run, resume=False)  # the second of two runs that picked the same dir
+    assert refusal is not None and "already holds a run (.marl-llm-run)" in refusal
+    assert claim_run_dir(run, resume=True) is None
