@@ -187,3 +187,19 @@ def test_embedded_model_actor_critic_on_strbuild(tmp_path):
     assert "eval/success_rate" in rows[-1] and "eval/rewards/coverage/mean" in rows[-1]
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert set(ckpt["algorithm"]["critics"]) == {"critic"}
+
+
+def test_a_named_run_dir_that_holds_a_run_is_refused_before_anything_is_written(tiny_model_dir, tmp_path):
+    """Re-running a command with hydra.run.dir= of a finished run: one line naming the fix, exit 2,
+    and not a byte of that run changes (not even Hydra's own .hydra/ files or its log)."""
+    run_dir = tmp_path / "run"
+    args = [CLI, *tiny_args(tiny_model_dir, "logger=none", "trainer.eval_before=false", "trainer.eval_after=false",
+                            f"hydra.run.dir={run_dir}")]
+    assert run(args, tmp_path).returncode == 0
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert run_dir / ".hydra" / "overrides.yaml" in before
+    again = run([*args, "seed=7"], tmp_path)
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert again.stderr.strip().count("\n") == 0 and "already holds a run" in again.stderr
+    assert "trainer.resume=true" in again.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before

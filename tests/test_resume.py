@@ -158,10 +158,10 @@ def test_a_fresh_run_never_starts_in_a_dir_that_holds_a_run(tiny_model_dir, tmp_
 
 
 def test_two_runs_starting_in_one_dir_at_once_get_it_once(tmp_path):
-    from marl_llm.trainer import claim_run_dir
+    from marl_llm import rundir
 
     run = tmp_path / "same-second"
-    assert claim_run_dir(run, resume=False) is None
-    refusal = claim_run_dir(run, resume=False)  # the second of two runs that picked the same dir
+    assert rundir.claim(run, resume=False) is None
+    refusal = rundir.claim(run, resume=False)  # the second of two runs that picked the same dir
     assert refusal is not None and "already holds a run (.marl-llm-run)" in refusal
-    assert claim_run_dir(run, resume=True) is None
+    assert rundir.claim(run, resume=True) is None

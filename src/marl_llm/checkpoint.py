@@ -27,11 +27,10 @@ from omegaconf import DictConfig, OmegaConf
 from marl_llm.atomic import atomic_write, atomic_write_text  # noqa: F401  (re-exported)
 from marl_llm.config import UserError
 from marl_llm.models import AgentPolicies
+from marl_llm.rundir import CHECKPOINT, PREVIOUS
 
 # What an older checkpoint's numpy RNG state (a uint32 array) unpickles through: nothing else.
 NUMPY_ARRAY_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
-CHECKPOINT = "checkpoint.pt"
-PREVIOUS = "checkpoint.prev.pt"
 REQUIRED = ("step", "adapters", "optimizers", "rng", "config", "wandb_id")
 LOGS = ("metrics.jsonl", "samples.jsonl")
 # Fault injection for the kill-and-resume tests: "kill_in_checkpoint:<step>" SIGKILLs the run

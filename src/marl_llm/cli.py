@@ -129,6 +129,23 @@ def map_overrides(args: list[str]) -> list[str]:
     return out
 
 
+def named_dir_check(args: list[str]) -> None:
+    """A run dir named on the command line (hydra.run.dir=) that holds another run is refused here,
+    before Hydra writes its own files (.hydra/, the job log) into it; the trainer claims the dir
+    (rundir.claim). A resume (trainer.resume=true, a requeued SLURM job) goes on in its dir."""
+    named = next((a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")), None)
+    if named is None or any(a in ("-m", "--multirun") for a in args):
+        return
+    resume = any(a.split("=", 1)[1].lower() in ("true", "1", "yes") for a in args if a.startswith("trainer.resume="))
+    from marl_llm import rundir
+
+    if resume or rundir.requeued():
+        return
+    files = rundir.held(Path(named))
+    if files:
+        raise UserError(rundir.refusal(Path(named), files))
+
+
 def rank_overrides(args: list[str]) -> list[str]:
     """Under a multi-process launcher (torchrun, accelerate launch) every rank runs this script:
     all ranks must share rank 0's run dir, and only rank 0 writes Hydra's files and log. The
@@ -171,6 +188,7 @@ def main() -> None:
         sys.exit(2)
     sys.argv[1:] = map_overrides(sys.argv[1:])
     try:
+        named_dir_check(sys.argv[1:])  # every rank, before rank_overrides' first collective
         sys.argv[1:] += rank_overrides(sys.argv[1:])
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

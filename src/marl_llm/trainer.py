@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from marl_llm import distributed, fsdp, perf
+from marl_llm import distributed, fsdp, perf, rundir
 from marl_llm.algos import algorithm_class, build_algorithm
 from marl_llm.algos.update import lr_schedulers
 from marl_llm.atomic import atomic_write_text
-from marl_llm.checkpoint import CHECKPOINT, PREVIOUS, load_checkpoint, save_checkpoint
+from marl_llm.checkpoint import load_checkpoint, save_checkpoint
 from marl_llm.config import UserError, validate
 from marl_llm.episodes import JointTree
 from marl_llm.evaluation import evaluate
@@ -238,29 +238,7 @@ def join_world(cfg: DictConfig) -> distributed.World:
 def resuming(cfg: DictConfig) -> bool:
     """trainer.resume, or a SLURM job that was requeued (timeout, pre-emption): it goes on from
     its run dir's checkpoint instead of starting over."""
-    return bool(cfg.trainer.resume) or int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
-
-
-RUN_MARKER = ".marl-llm-run"
-
-
-def claim_run_dir(run_dir: Path, resume: bool) -> str | None:
-    """Makes run_dir this run's own: a fresh run creates it with a marker file, exclusively, so
-    that it never writes over (or appends to) another run, whether finished, still running, or
-    started in the same instant. A resume takes over its dir. Returns why not (None: claimed)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if resume:
-        (run_dir / RUN_MARKER).touch()
-        return None
-    held = [name for name in (RUN_MARKER, CHECKPOINT, PREVIOUS, "metrics.jsonl") if (run_dir / name).exists()]
-    if not held:
-        try:  # O_EXCL: of two runs starting here at once, one gets the dir
-            os.close(os.open(run_dir / RUN_MARKER, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-            return None
-        except FileExistsError:
-            held = [RUN_MARKER]
-    return (f"{run_dir} already holds a run ({', '.join(held)}): continue it with trainer.resume=true, or start "
-            "this one in a new dir (leave hydra.run.dir unset, or name a new one)")
+    return bool(cfg.trainer.resume) or rundir.requeued()
 
 
 def train(cfg: DictConfig) -> float:
@@ -269,7 +247,7 @@ def train(cfg: DictConfig) -> float:
     w = join_world(cfg)
     # Every rank writes to (and resumes from) rank 0's run dir; only rank 0 writes anything.
     run_dir = Path(distributed.broadcast_object(str(cfg.run_dir)))
-    refusal = distributed.broadcast_object(claim_run_dir(run_dir, resuming(cfg)) if w.is_main else None)
+    refusal = distributed.broadcast_object(rundir.claim(run_dir, resuming(cfg)) if w.is_main else None)
     if refusal:
         raise UserError(refusal)
     if w.is_main:
