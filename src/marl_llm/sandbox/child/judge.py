@@ -1,0 +1,594 @@
+"""The judge: the trusted side of a sandbox run (stdlib only).
+
+Forked, per run, from a zygote (`serve_forever`: a `python -I -S` the trainer starts once). It forks the candidate's processes *before* it
+reads the job (so they never hold the tests), confines them (confine.py), then runs the test code
+itself, in its own namespace, with a stand-in for each program name that forwards the call to
+the candidate and decodes the answer (codec.py). Only the judge compares, and only the judge
+writes the verdict, on a pipe the candidate's processes never hold.
+
+Processes: trainer -> judge J -> C (namespace keeper: holds the candidate's PID reserved, kills
+it when J dies) -> candidate (PID 1 of its namespace; its end ends everything in it).
+
+Records to the trainer, one per line, fields separated by spaces (text fields hex-encoded):
+  P pid              the candidate's PID (the trainer can kill its namespace)
+  I                  alive, the job is read next
+  S line msg         the program does not compile
+  L flag msg         the program ran (flag P/F/T/M)
+  B step             a step begins
+  R test flag msg    a test's verdict (P/F/T/M)
+  U step flag msg    a setup step failed
+  X n                stopped after n timed-out tests
+  E code             the candidate's processes ended (exit code, or -signal)
+  D                  done
+"""
+
+import builtins
+import json
+import os
+import select
+import signal
+import socket
+import threading
+import time
+
+import candidate
+import codec
+import confine
+
+PR_SET_PDEATHSIG = 1
+_GRACE_S = 0.5  # the judge waits this long past a step's limit for the candidate's own timeout
+
+
+class _Timeout(BaseException):
+    pass
+
+
+class _Gone(Exception):
+    """The candidate's processes no longer answer."""
+
+
+class _EqFailure(AssertionError):
+    pass
+
+
+class _Reported(Exception):
+    pass
+
+
+def _hex(s, cap=600):
+    try:
+        b = str(s).encode("utf-8", "replace")
+    except BaseException:
+        b = b"<unprintable>"
+    return b[:cap].hex().encode("ascii") or b"-"
+
+
+def _read_line(fd):
+    out = b""
+    while not out.endswith(b"\n"):
+        b = os.read(fd, 1)
+        if not b:
+            return None
+        out += b
+    return out.strip()
+
+
+# ------------------------------------------------------------------------------------------------
+# The candidate's processes (children of the judge). Nothing here reads the job.
+# ------------------------------------------------------------------------------------------------
+
+
+def _clean_env():
+    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp"}
+
+
+def _become_candidate(cfg, req_r, rep_w, keep):
+    """(In the candidate's process, ids already confined.) Limits, then serve the judge."""
+    if cfg["mode"] == "process" and cfg["drop_to"] >= 0:
+        for name in cfg["preimport"]:  # the stdlib may be unreadable to nobody (a Python under /root)
+            try:
+                __import__(name)
+            except BaseException:
+                pass
+        os.setgroups([])
+        os.setgid(cfg["drop_to"])
+        os.setuid(cfg["drop_to"])
+        if os.getuid() != cfg["drop_to"] or os.geteuid() != cfg["drop_to"]:
+            os._exit(70)
+    confine.set_limits(cfg["limits"])
+    os.environ.clear()
+    os.environ.update(_clean_env())
+    if cfg["mode"] == "process":
+        os.environ["HOME"] = os.environ["TMPDIR"] = cfg["workdir"]
+    for fd in range(3, 1024):
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    candidate.serve(req_r, rep_w)
+
+
+def _child(cfg, judge_pid, req_r, rep_w, c2j_w, j2c_r, to_close):
+    """C: confine, start the candidate, hold its PID until the judge is done."""
+    try:
+        for fd in to_close:
+            os.close(fd)
+        os.dup2(cfg["fds"]["out"], 1)
+        os.dup2(cfg["fds"]["err"], 2)
+        os.close(cfg["fds"]["out"])
+        os.close(cfg["fds"]["err"])
+        if cfg["mode"] == "process":
+            os.setsid()  # its own process group, which the judge ends as a whole
+            os.chdir(cfg["workdir"])
+            os.write(c2j_w, b"%d\n" % os.getpid())
+            os.close(c2j_w)
+            os.close(j2c_r)
+            _become_candidate(cfg, req_r, rep_w, (req_r, rep_w))
+        confine.prctl(PR_SET_PDEATHSIG, signal.SIGUSR1)
+        bind_fds = confine.enter_namespaces(c2j_w, j2c_r, cfg["max_tasks"], [p for p, _ in cfg["binds"]])
+        cp = os.fork()
+        if cp == 0:
+            os.close(c2j_w)
+            os.close(j2c_r)
+            # A new session: kill(0, sig) reaches the caller's process group even across PID
+            # namespaces, and ours would otherwise be the zygote's (every run, the judges).
+            os.setsid()
+            confine.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            confine.build_root(cfg, bind_fds)
+            confine.drop_privileges()
+            _become_candidate(cfg, req_r, rep_w, (req_r, rep_w))
+        for fd in bind_fds + [req_r, rep_w]:
+            os.close(fd)
+
+        def kill(signum=None, frame=None):
+            try:
+                os.kill(cp, signal.SIGKILL)  # PID 1 of the namespace: everything in it ends
+            except OSError:
+                pass
+
+        signal.signal(signal.SIGUSR1, kill)
+        signal.signal(signal.SIGTERM, kill)
+        if os.getppid() != judge_pid:
+            kill()
+        os.write(c2j_w, b"%d\n" % cp)
+        info = os.waitid(os.P_PID, cp, os.WEXITED | os.WNOWAIT)  # reaped only when we exit
+        code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        os.write(c2j_w, b"x %d\n" % code)
+        os.read(j2c_r, 1)  # the judge is done with the PID (or gone)
+        os._exit(0)
+    except BaseException as e:
+        try:
+            os.write(2, ("sandbox: the isolation setup failed: %s\n" % (e,)).encode())
+        finally:
+            os._exit(71)
+
+
+# ------------------------------------------------------------------------------------------------
+# The judge proper.
+# ------------------------------------------------------------------------------------------------
+
+
+class _Channel:
+    """Requests to the candidate; each answer is matched by id (a late answer to a call that
+    timed out is dropped)."""
+
+    def __init__(self, req_w, rep_r, c2j_r):
+        self.req_w, self.rep_r, self.c2j_r = req_w, rep_r, c2j_r
+        self.next_id = 0
+        self.gone = None  # why the candidate no longer answers
+        self.exit_code = None
+
+    def _mark_gone(self, why):
+        if self.gone is None:
+            self.gone = why
+
+    def _ended(self):
+        code = self.wait_exit()
+        if code is not None and code < 0:
+            try:
+                return "the candidate's process was killed by %s" % signal.Signals(-code).name
+            except ValueError:
+                pass
+        if code is not None:
+            return "the candidate's process exited (code %d)" % code
+        return "the candidate's process ended"
+
+    def send(self, msg):
+        if self.gone:
+            raise _Gone(self.gone)
+        try:
+            candidate.write_message(self.req_w, msg)
+        except _Timeout:
+            self._mark_gone("the candidate stopped reading")
+            raise
+        except OSError:
+            self._mark_gone(self._ended())
+            raise _Gone(self.gone)
+
+    def receive(self, want_id=None):
+        while True:
+            try:
+                reply = candidate.read_message(self.rep_r, codec.MAX_MESSAGE_BYTES)
+            except _Timeout:
+                self._mark_gone("the candidate stopped answering")
+                raise
+            except (OSError, ValueError):
+                reply = None
+            if reply is None:
+                self._mark_gone(self._ended())
+                raise _Gone(self.gone)
+            if type(reply) is not dict:
+                continue
+            if want_id is None or reply.get("id") == want_id:
+                return reply
+
+    def request(self, msg, timeout):
+        self.next_id += 1
+        msg["id"] = self.next_id
+        msg["timeout"] = timeout
+        self.send(msg)
+        return self.receive(self.next_id)
+
+    def wait_exit(self):
+        """The candidate's exit code as C reported it (None if unknown)."""
+        if self.exit_code is None:
+            r, _, _ = select.select([self.c2j_r], [], [], 0.2)
+            if r:
+                line = _read_line(self.c2j_r)
+                if line and line.startswith(b"x "):
+                    self.exit_code = int(line[2:])
+        return self.exit_code
+
+
+def _rebuild_exception(e):
+    try:
+        name, msg = str(e[0]), str(e[1])
+    except BaseException:
+        return Exception("the candidate raised an exception")
+    cls = getattr(builtins, name, None) if name.isidentifier() else None
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(msg)
+        except BaseException:
+            pass
+    return Exception(name + ": " + msg if msg else name)
+
+
+def serve_forever(sock_fd):
+    """The judges' zygote: one per trainer process, everything imported once; each request (a
+    config and its pipes, passed over the socket) is served by a forked judge. It holds nothing
+    of any job (judges read theirs after forking), so a fork carries no test to the candidate."""
+    confine.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # it ends with the trainer
+    sock = socket.socket(fileno=sock_fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # judges are reaped by the kernel
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 8)
+        except OSError:
+            os._exit(0)
+        if not msg:
+            os._exit(0)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                sock.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                judge_main(json.loads(msg), fds)
+            finally:
+                os._exit(70)
+        for fd in fds:
+            os.close(fd)
+        sock.sendall(b"%d\n" % pid)
+
+
+def _watch_control(fd, cand_pid, process_mode):
+    """The trainer ends a judge by closing its control pipe (or by dying): leave at once. With
+    namespaces our death makes C end the candidate's namespace; in process mode we end the
+    candidate's process group first (its id is still reserved: the candidate is our unreaped
+    child)."""
+    while True:
+        try:
+            if not os.read(fd, 4096):
+                break
+        except OSError:
+            break
+    if process_mode:
+        _end_process_group(cand_pid)
+    os._exit(1)
+
+
+def _end_process_group(pid):
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def judge_main(cfg, fds):
+    """One run. fds: [control/job, results, candidate stdout, candidate stderr, judge stderr]."""
+    control, result_fd, out_fd, err_fd, jerr_fd = fds
+    os.dup2(jerr_fd, 2)
+    os.close(jerr_fd)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    cfg["fds"] = {"out": out_fd, "err": err_fd}
+    judge_pid = os.getpid()
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    c2j_r, c2j_w = os.pipe()
+    j2c_r, j2c_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        _child(cfg, judge_pid, req_r, rep_w, c2j_w, j2c_r, (req_w, rep_r, c2j_r, j2c_w, result_fd, control))
+    for fd in (req_r, rep_w, c2j_w, j2c_r, out_fd, err_fd):
+        os.close(fd)
+
+    def emit(*fields):
+        line = b" ".join(fields) + b"\n"
+        while line:
+            line = line[os.write(result_fd, line):]
+
+    def num(i):
+        return str(i).encode("ascii")
+
+    if cfg["mode"] == "namespaces":
+        if os.read(c2j_r, 1) != b"u":
+            emit(b"E", b"71")
+            emit(b"D")
+            os._exit(0)
+        confine.write_id_maps(pid, cfg["ids"][0], cfg["ids"][1])
+        if cfg["cgroup_procs"]:
+            with open(cfg["cgroup_procs"], "w") as f:
+                f.write(str(pid))
+        os.write(j2c_w, b"k")
+    line = _read_line(c2j_r)
+    if line is None:
+        emit(b"E", b"71")
+        emit(b"D")
+        os._exit(0)
+    cand_pid = int(line)
+    emit(b"P", num(cand_pid))
+    emit(b"I")
+    head = candidate._read_exact(control, 4)
+    job = candidate._read_exact(control, int.from_bytes(head, "big")) if head else None
+    if job is None:
+        os._exit(1)
+    process_mode = cfg["mode"] == "process"
+    threading.Thread(target=_watch_control, args=(control, cand_pid, process_mode), daemon=True).start()
+    channel = _Channel(req_w, rep_r, c2j_r)
+    try:
+        _judge(json.loads(job), channel, emit, num)
+    finally:
+        if process_mode:
+            _end_process_group(cand_pid)  # our unreaped child: its ids are still its own
+        else:
+            try:
+                os.kill(cand_pid, signal.SIGKILL)  # still reserved: C holds it unreaped
+            except OSError:
+                pass
+        code = channel.wait_exit()
+        if code is not None:
+            emit(b"E", num(code))
+        emit(b"D")
+        try:
+            os.write(j2c_w, b"x")
+        except OSError:
+            pass
+        try:
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+    os._exit(0)
+
+
+def _judge(job, channel, emit, num):
+    timeout_s = float(job["timeout_s"])
+    program_scope = job["scope"] == "program"
+    timed_out = [False]
+    deadline = [0.0]
+
+    def on_alarm(signum, frame):
+        timed_out[0] = True
+        raise _Timeout()
+
+    signal.signal(signal.SIGALRM, on_alarm)
+
+    def remaining():
+        return max(deadline[0] - time.monotonic(), 0.001)
+
+    def describe(e):
+        try:
+            if timed_out[0] or isinstance(e, _Timeout):
+                return "timed out after %gs" % timeout_s
+            t = type(e)
+            if t is _EqFailure or t is _Reported or t is _Gone:
+                return str(e.args[0])
+            msg = str(e)
+            return t.__name__ + ": " + msg if msg else t.__name__
+        except BaseException:
+            return "<unprintable exception>"
+
+    def run(code, ns):
+        """Run one code object under the per-test time limit -> (flag, error)."""
+        timed_out[0] = False
+        deadline[0] = time.monotonic() + timeout_s
+        try:
+            signal.setitimer(signal.ITIMER_REAL, timeout_s + _GRACE_S)
+            try:
+                if type(code) is tuple:  # program scope: (code object or None, error) pieces
+                    refresh(ns)
+                    for piece, error in code:
+                        if piece is None:
+                            raise _Reported(error)
+                        exec(piece, ns)
+                else:
+                    exec(code, ns)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except BaseException as e:  # noqa: B036  (the tests' own exceptions are verdicts)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            if timed_out[0] or isinstance(e, _Timeout):
+                return b"T", describe(e)
+            if isinstance(e, MemoryError):
+                return b"M", "MemoryError"
+            return b"F", describe(e)
+        return b"P", ""
+
+    class Remote:
+        """Stands in for a program function: the call runs in the candidate's process."""
+
+        def __init__(self, name):
+            self.name = name
+
+        def __repr__(self):
+            return "<function %s>" % self.name
+
+        def __call__(self, *args, **kwargs):
+            try:
+                payload = {"op": "call", "name": self.name, "args": codec.encode(args), "kwargs": codec.encode(kwargs)}
+            except (codec.EncodeError, RecursionError) as e:
+                raise TypeError("an argument cannot be sent to the sandbox: %s" % e)
+            reply = channel.request(payload, remaining())
+            return _answer(reply)
+
+    def _answer(reply):
+        if "r" in reply:
+            try:
+                return codec.decode(reply["r"])
+            except (ValueError, TypeError, RecursionError, OverflowError):
+                raise TypeError("the candidate returned a value that cannot be decoded")
+        if "t" in reply:
+            timed_out[0] = True
+            raise _Timeout()
+        if "m" in reply:
+            raise MemoryError()
+        return_error = reply.get("e")
+        raise _rebuild_exception(return_error if type(return_error) is list and len(return_error) == 2 else ["", ""])
+
+    # ---- compile the (trusted) test code ---------------------------------------------------
+    test_codes = []
+    for step, (kind, index, src) in enumerate(job["steps"]):
+        pieces = [(expr, "eval") for expr in job["evals"][step]] if program_scope else []
+        compiled = []
+        for piece_src, mode in pieces + [(src, "exec")]:
+            try:
+                compiled.append((compile(piece_src, "<test>", mode), None))
+            except BaseException as e:
+                compiled.append((None, describe(e)))
+        if program_scope:  # a piece that does not compile fails the test when reached
+            test_codes.append((kind, index, tuple(compiled), None))
+        else:
+            test_codes.append((kind, index, compiled[0][0], compiled[0][1]))
+    prelude = compile(job["prelude"], "<test prelude>", "exec")
+
+    # ---- load the program in the candidate's process ----------------------------------------
+    load = {"op": "load", "program": job["program"], "preload": job["preload"], "timeout": timeout_s}
+    timed_out[0] = False
+    try:
+        signal.setitimer(signal.ITIMER_REAL, timeout_s + _GRACE_S)
+        try:
+            channel.send(load)
+            reply = channel.receive()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except BaseException as e:  # noqa: B036
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        flag = b"T" if timed_out[0] or isinstance(e, _Timeout) else b"F"
+        emit(b"L", flag, _hex(describe(e)))
+        return
+    if "syntax" in reply:
+        try:
+            line, msg = int(reply["syntax"][0]), str(reply["syntax"][1])
+        except BaseException:
+            line, msg = 0, "syntax error"
+        emit(b"S", num(line), _hex(msg))
+        return
+    flag = str(reply.get("load", "F")).encode()[:1]
+    if flag not in (b"P", b"F", b"T", b"M"):
+        flag = b"F"
+    emit(b"L", flag, _hex(reply.get("error", "")))
+    if flag != b"P":
+        return
+    names = reply.get("names") if type(reply.get("names")) is dict else {}
+
+    value_names = set()
+    if program_scope:
+        ns = {"__builtins__": builtins}
+        for name in job["preload"]:
+            try:
+                ns[name] = __import__(name)
+            except BaseException:
+                pass
+        referenced = set()
+        for _, _, pieces, _ in test_codes:
+            for piece, _ in pieces:
+                if piece is not None:
+                    stack = [piece]
+                    while stack:
+                        c = stack.pop()
+                        referenced.update(c.co_names)
+                        stack.extend(k for k in c.co_consts if hasattr(k, "co_names"))
+        for name, kind in names.items():
+            if type(name) is not str or name in ns:
+                continue
+            if kind == "f":
+                ns[name] = Remote(name)
+            elif name in referenced:
+                value_names.add(name)
+
+    def refresh(ns):
+        # Program values the tests read are fetched as they are now (the program may change them).
+        for name in value_names:
+            reply = channel.request({"op": "get", "name": name}, remaining())
+            ns[name] = _answer(reply)
+
+    def assert_eq(left, right, got_is_left):
+        if left == right:
+            return
+        got, expected = (left, right) if got_is_left else (right, left)
+
+        def short(v):
+            try:
+                s = repr(v)
+            except BaseException:
+                s = "<unrepresentable>"
+            return s if len(s) <= 120 else s[:117] + "..."
+
+        raise _EqFailure("expected " + short(expected) + ", got " + short(got))
+
+    def run_steps(ns):
+        timeouts = 0
+        for step, (kind, index, code, compile_error) in enumerate(test_codes):
+            if timeouts >= job["max_timeouts"]:
+                emit(b"X", num(timeouts))
+                break
+            emit(b"B", num(step))
+            if code is None:
+                flag, err = b"F", compile_error
+            elif channel.gone:
+                flag, err = b"F", "not run: " + channel.gone
+            else:
+                flag, err = run(code, ns)
+            if kind == "t":
+                emit(b"R", num(index), flag, _hex(err))
+            elif flag != b"P":
+                emit(b"U", num(step), flag, _hex(err))
+            if flag == b"T":
+                timeouts += 1
+
+    if program_scope:
+        run_steps(ns)
+        return
+    entry = Remote(job["entry_point"])
+    tns = {"__name__": "__check__", "__builtins__": builtins, "__sandbox_assert_eq__": assert_eq}
+    flag, err = run(prelude, tns)
+    if flag != b"P":
+        emit(b"U", b"-1", flag, _hex(err))
+    tns[job["param"]] = entry
+    if job["entry_point"] not in tns:
+        tns[job["entry_point"]] = entry
+    run_steps(tns)
