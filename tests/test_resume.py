@@ -4,6 +4,7 @@ run; a corrupt latest checkpoint falls back to the previous one, with a message.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -84,13 +85,159 @@ def test_a_requeued_slurm_job_resumes_without_being_told(tiny_model_dir, tmp_pat
     assert [r["step"] for r in metrics(run)] == [1, 2, 3]
 
 
-def test_resume_before_any_checkpoint_starts_over_with_clean_logs(tiny_model_dir, tmp_path):
+def test_resume_without_a_checkpoint_is_refused_unless_asked_to_start_over(tiny_model_dir, tmp_path, monkeypatch,
+                                                                          capsys):
+    """A run killed before its first checkpoint: trainer.resume=true refuses in one line (its logs
+    untouched); trainer.resume=if_possible, and a requeued SLURM job, start over in the dir and
+    keep the earlier attempt's logs aside, saying so."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / "metrics.jsonl").write_text('{"step": 1, "train/reward": 9.0}\n')  # a run killed before its first save
-    train(compose_config(overrides(tiny_model_dir, run, 1, "trainer.resume=true")))
+    (run / "metrics.jsonl").write_text('{"step": 1, "train/reward": 9.0}\n')
+    (run / "config.yaml").write_text("seed: 0\n")
+    with pytest.raises(UserError, match=r"nothing to resume in .*run: it has no checkpoint\.pt or checkpoint\.prev\.pt"
+                                        r".*trainer\.resume=if_possible"):
+        train(compose_config(overrides(tiny_model_dir, run, 1, "trainer.resume=true")))
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1, "train/reward": 9.0}\n'
+    assert not (run / ".marl-llm-run").exists()  # refused before the dir was claimed
+    capsys.readouterr()
+    train(compose_config(overrides(tiny_model_dir, run, 1, "trainer.resume=if_possible")))
+    out = capsys.readouterr().out
+    assert "no checkpoint in" in out and "starting over at step 0" in out and "metrics.attempt-1.jsonl" in out
+    assert (run / "metrics.attempt-1.jsonl").read_text() == '{"step": 1, "train/reward": 9.0}\n'
+    assert (run / "config.attempt-1.yaml").read_text() == "seed: 0\n"
     rows = metrics(run)
     assert [r["step"] for r in rows] == [1] and rows[0]["train/reward"] != 9.0
+    record = json.loads((run / "resumes.jsonl").read_text().splitlines()[-1])
+    assert record["started_over"] and record["set_aside"]["metrics.jsonl"] == "metrics.attempt-1.jsonl"
+    # A requeued SLURM job is "if possible" without being told: the second attempt goes aside too.
+    for name in ("checkpoint.pt", "checkpoint.prev.pt"):
+        (run / name).unlink(missing_ok=True)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    train(compose_config(overrides(tiny_model_dir, run, 1)))
+    assert (run / "metrics.attempt-2.jsonl").exists() and (run / "samples.attempt-2.jsonl").exists()
+    assert [r["step"] for r in metrics(run)] == [1]
+    with pytest.raises(UserError, match=r"trainer\.resume=maybe is not a choice: true .*if_possible"):
+        train(compose_config(overrides(tiny_model_dir, run, 1, "trainer.resume=maybe")))
+
+
+def test_a_resume_refuses_settings_that_change_training_unless_allowed(tiny_model_dir, tmp_path, capsys):
+    """The checkpoint's config against the resume's: a changed seed, learning rate, G or model is
+    refused in one line listing each `old -> new` and the switch that allows it; logging, eval,
+    saving and max_steps need no permission; config.yaml stays the run's original, and every
+    resume appends its changes to resumes.jsonl."""
+    run = tmp_path / "run"
+    train(compose_config(overrides(tiny_model_dir, run, 1)))
+    original = (run / "config.yaml").read_bytes()
+    checkpoint = (run / "checkpoint.pt").read_bytes()
+    other_model = tmp_path / "other_model"
+    other_model.symlink_to(tiny_model_dir)
+    changed = ("seed=3", "algo.learning_rate=1e-3", "algo.num_generations=3", f"model.path={other_model}")
+    with pytest.raises(UserError) as refused:
+        train(compose_config(overrides(tiny_model_dir, run, 2, "trainer.resume=true", *changed)))
+    message = str(refused.value)
+    assert "\n" not in message and "step 1" in message
+    for shown in ("seed 0 -> 3", "algo.learning_rate 5e-05 -> 0.001", "algo.num_generations 2 -> 3",
+                  f"model.path {tiny_model_dir} -> {other_model}"):
+        assert shown in message
+    assert "trainer.max_steps" not in message  # free: a longer run
+    allow = "trainer.resume_allow_changes=[algo.learning_rate,algo.num_generations,model.path,seed] (or [all])"
+    assert allow in message
+    assert (run / "checkpoint.pt").read_bytes() == checkpoint and not (run / "resumes.jsonl").exists()
+    # A key that names nothing is refused too (it would allow nothing).
+    with pytest.raises(UserError, match=r"resume_allow_changes names algo\.lr, which is no config key"):
+        train(compose_config(overrides(tiny_model_dir, run, 2, "trainer.resume=true", "seed=3",
+                                       "trainer.resume_allow_changes=[algo.lr,seed]")))
+    # Free settings: steps, logging, evaluation, saving.
+    capsys.readouterr()
+    train(compose_config(overrides(tiny_model_dir, run, 2, "trainer.resume=true", "logger.sample_rows=1",
+                                   "trainer.eval_after=true", "trainer.eval_max_problems=1", "trainer.save_every=2")))
+    assert "resumed from" in capsys.readouterr().out
+    # Allowed by key and by section.
+    train(compose_config(overrides(tiny_model_dir, run, 3, "trainer.resume=true", "seed=3", "algo.learning_rate=1e-3",
+                                   "trainer.resume_allow_changes=[seed,algo]")))
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3]
+    assert (run / "config.yaml").read_bytes() == original
+    first, second = [json.loads(line) for line in (run / "resumes.jsonl").read_text().splitlines()]
+    assert first["step"] == 1 and first["resumed_from"].endswith("checkpoint.pt")
+    assert first["changes"]["trainer.max_steps"] == [1, 2] and first["changes"]["logger.sample_rows"][1] == 1
+    assert second["step"] == 2 and second["changes"]["seed"] == [0, 3]
+    assert second["changes"]["algo.learning_rate"] == [5e-05, 1e-3] and "time" in second
+    # The next resume compares with the settings the run now has (the checkpoint's): nothing to allow.
+    train(compose_config(overrides(tiny_model_dir, run, 4, "trainer.resume=true", "seed=3", "algo.learning_rate=1e-3")))
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
+
+
+def test_which_config_changes_a_resume_compares():
+    from marl_llm.checkpoint import ABSENT, config_changes, free_on_resume
+
+    old = {"seed": 0, "algo": {"lora": {"r": 4}, "lr_scheduler": "constant", "policy_map": {}},
+           "trainer": {"max_steps": 2, "eval_k": [1]}, "logger": {"project": "a"}}
+    new = {"seed": 0, "algo": {"lora": None, "lr_scheduler": "constant", "policy_map": {"tool": "coder"}},
+           "trainer": {"max_steps": 5, "eval_k": [1, 5], "resume_allow_changes": []}, "logger": {"project": "b"}}
+    changes = config_changes(old, new)
+    assert changes == {"algo.lora": ({"r": 4}, None), "algo.policy_map.tool": (ABSENT, "coder"),
+                       "trainer.max_steps": (2, 5), "trainer.eval_k": ([1], [1, 5]),
+                       "trainer.resume_allow_changes": (ABSENT, []), "logger.project": ("a", "b")}
+    assert [k for k in changes if not free_on_resume(k, old)] == ["algo.lora", "algo.policy_map.tool"]
+    assert free_on_resume("model.device", old) and free_on_resume("trainer.completions_per_micro_batch", old)
+    assert not free_on_resume("model.dtype", old) and not free_on_resume("seed", old)
+    # A cosine schedule decays over trainer.max_steps: extending the run changes its learning rates.
+    cosine = {**old, "algo": {**old["algo"], "lr_scheduler": "cosine"}}
+    assert not free_on_resume("trainer.max_steps", cosine) and free_on_resume("trainer.eval_k", cosine)
+
+
+@pytest.mark.slow
+def test_ctrl_c_prints_one_line_whose_command_continues_the_run(tiny_model_dir, tmp_path):
+    """SIGINT during training (the real console script): exit code 130, no traceback, one line
+    with the step reached, the last checkpoint and the command that continues the run; that
+    command (with fewer steps) resumes from the checkpoint and finishes."""
+    import shlex
+    import time
+
+    run_dir = tmp_path / "run"
+    args = [a for a in overrides(tiny_model_dir, run_dir, 1000) if not a.startswith("run_dir=")]
+    args.append(f"hydra.run.dir={run_dir}")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([str(VENV_BIN / "marl-llm"), *args], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    try:
+        for line in proc.stdout:  # step 1's checkpoint is written before step 2 starts
+            if line.startswith("[marl-llm] step 2/1000") or time.monotonic() > deadline:
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err
+    [line] = [x for x in err.splitlines() if "trainer.resume=true" in x]
+    assert line.startswith("interrupted at step ") and "/1000, last checkpoint " in line
+    assert f"{run_dir}/checkpoint.pt (step " in line
+    command = shlex.split(line.split("continue with: ", 1)[1])
+    assert command[0] == "marl-llm" and command[-2:] == [f"hydra.run.dir={run_dir}", "trainer.resume=true"]
+    assert "task.data.train_split='test[33:37]'" in command  # the original overrides, quoted for the shell
+    resumed_at = int(line.split("(step ", 1)[1].split(")")[0])
+    assert resumed_at >= 1
+    command = [str(VENV_BIN / "marl-llm")] + [a for a in command[1:] if not a.startswith("trainer.max_steps=")]
+    again = subprocess.run([*command, f"trainer.max_steps={resumed_at + 1}"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed from {run_dir}/checkpoint.pt at step {resumed_at}" in again.stdout
+    assert [r["step"] for r in metrics(run_dir)] == list(range(1, resumed_at + 2))
+
+
+def test_an_interrupt_before_the_first_checkpoint_names_the_start_over_command(tmp_path):
+    """No checkpoint yet: trainer.resume=true would refuse, so the line names if_possible; without
+    Hydra's context the run dir's .hydra/overrides.yaml gives the overrides."""
+    from marl_llm.trainer import Progress, interrupted_line
+
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text(
+        "- algo=at_grpo\n- trainer.resume=true\n- hydra.run.dir=/elsewhere\n- seed=2\n")
+    line = interrupted_line(Progress(run_dir=tmp_path, step=3, max_steps=10))
+    assert line == (f"interrupted at step 3/10, no checkpoint yet; start it over in its dir (its logs are kept aside) "
+                    f"with: marl-llm algo=at_grpo seed=2 hydra.run.dir={tmp_path} trainer.resume=if_possible")
 
 
 class Planted:

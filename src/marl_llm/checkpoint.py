@@ -7,11 +7,14 @@ local logs had got. It is written to a temporary file in the same directory; the
 checkpoint becomes `checkpoint.prev.pt` and the new one is renamed into place. A kill at any
 moment leaves at least one complete checkpoint, and a corrupt or partial `checkpoint.pt` (a bad
 copy, a full disk) is detected on resume, which then falls back to `checkpoint.prev.pt` and says
-so.
+so. A resume compares its config with the checkpoint's (plain data, as the whole checkpoint):
+settings that change training are refused unless trainer.resume_allow_changes names them
+(FREE_ON_RESUME lists the ones that need no permission).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import random
@@ -110,27 +113,33 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
     return (None, f"incomplete (no {', '.join(missing)})") if missing else (ckpt, "")
 
 
-def load_checkpoint(run_dir: Path, policies: AgentPolicies, algorithm: Any = None,
-                    main: bool = True) -> dict[str, Any] | None:
-    """Restore adapters, optimizers, the algorithm's state (critics) and RNG states from run_dir,
-    falling back to the previous checkpoint when the latest is corrupt; cut the local logs back
-    to the checkpoint's step (to nothing when there is no checkpoint: the run starts over).
-    Returns the checkpoint (or None: nothing to resume). `main`: this process owns the run dir's
-    logs and messages (data-parallel ranks other than 0 only read)."""
+def read_checkpoint(run_dir: Path, main: bool = True) -> dict[str, Any] | None:
+    """The run dir's checkpoint, falling back to the previous one when the latest is corrupt (and
+    saying so), with its file under "path". None: neither file exists (nothing to resume; the
+    trainer decides whether that is an error). Both present but unusable: UserError. Read before
+    the model loads, so that a refusal (no checkpoint, a changed config) costs seconds. `main`:
+    this process prints (data-parallel ranks other than 0 only read)."""
     path = run_dir / CHECKPOINT
     ckpt, why = _read(path)
     if ckpt is None:
         previous, why_previous = _read(run_dir / PREVIOUS)
         if previous is None:
             if why == "missing" and why_previous == "missing":
-                if main:  # killed (or requeued) before its first checkpoint: its log lines are redone
-                    _cut_logs(run_dir, {name: 0 for name in LOGS})
                 return None
             raise UserError(f"no usable checkpoint in {run_dir}: {CHECKPOINT} is {why}, {PREVIOUS} is {why_previous}; "
-                            "start a new run dir (hydra.run.dir=...) or drop trainer.resume")
+                            "start a new run dir (leave hydra.run.dir unset, or name a new one)")
         if main:
             print(f"[marl-llm] warning: {path} is {why}; resuming from {PREVIOUS} (step {previous['step']})", flush=True)
         ckpt, path = previous, run_dir / PREVIOUS
+    ckpt["path"] = str(path)
+    return ckpt
+
+
+def restore_checkpoint(run_dir: Path, ckpt: dict[str, Any], policies: AgentPolicies, algorithm: Any = None,
+                       main: bool = True) -> None:
+    """Restore adapters, optimizers, the algorithm's state (critics) and RNG states from a
+    checkpoint that read_checkpoint returned, and cut the local logs back to its step."""
+    path = ckpt["path"]
     kind = ckpt.get("weights", "lora")  # checkpoints from before full fine-tuning hold adapters
     if kind != policies.kind:
         have, want = ("full weights (algo.lora=null)", "LoRA adapters") if kind == "full" else \
@@ -146,10 +155,94 @@ def load_checkpoint(run_dir: Path, policies: AgentPolicies, algorithm: Any = Non
         raise UserError(f"{path} does not match this config's agents/adapters ({err}); resume with the "
                         "config the run was started with, or start a new run dir (hydra.run.dir=...)") from None
     set_rng_state(ckpt["rng"])
-    ckpt["path"] = str(path)
     if main:
         _cut_logs(run_dir, ckpt.get("log_bytes", {}))
+
+
+def load_checkpoint(run_dir: Path, policies: AgentPolicies, algorithm: Any = None,
+                    main: bool = True) -> dict[str, Any] | None:
+    """read_checkpoint, then restore_checkpoint. Returns the checkpoint (None: nothing to resume,
+    nothing restored)."""
+    ckpt = read_checkpoint(run_dir, main)
+    if ckpt is not None:
+        restore_checkpoint(run_dir, ckpt, policies, algorithm, main)
     return ckpt
+
+
+# Settings a resume may change without trainer.resume_allow_changes, by key or by section: none
+# of them changes what the run learns. They say where the run dir is, what the run logs and
+# evaluates, how often it saves, how long it runs, and where and how fast it computes (the same
+# math, at most with other floating-point rounding: micro-batches are weighted to sum to the same
+# loss). Everything else (seed, learning rate, G, model, task, algorithm, ...) is refused unless
+# allowed: a resumed run's restored optimizer and data order belong to the checkpoint's settings.
+FREE_ON_RESUME = (
+    "run_dir", "logger", "cluster",
+    "trainer.max_steps",  # a longer (or shorter) run; with a non-constant LR schedule it is not free
+    "trainer.resume", "trainer.resume_allow_changes", "trainer.save_every", "trainer.summary_file",
+    "trainer.eval_every", "trainer.eval_before", "trainer.eval_after", "trainer.eval_max_problems",
+    "trainer.eval_num_samples", "trainer.eval_k",
+    "trainer.sequences_per_generate", "trainer.completions_per_micro_batch", "trainer.decode",
+    "trainer.compile_decode", "trainer.gradient_checkpointing", "trainer.deterministic", "trainer.peak_tflops",
+    "trainer.distributed_timeout_min", "trainer.vllm_gpu_memory_utilization", "trainer.vllm_sleep", "trainer.fsdp",
+    "trainer.fsdp_unshard_rollout",
+    "model.device", "model.attn_implementation",
+)
+ABSENT = "(absent)"  # a key one of the two configs does not have (a setting added since, another algo's)
+
+
+def config_changes(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (old value, new value)} for every leaf that differs between two resolved
+    configs (plain containers); a key that only one of them has is a change from or to ABSENT."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return {} if old == new else {prefix: (old, new)}
+    changes: dict[str, tuple[Any, Any]] = {}
+    for key in [*new, *(k for k in old if k not in new)]:
+        name = f"{prefix}.{key}" if prefix else str(key)
+        changes.update(config_changes(old.get(key, ABSENT), new.get(key, ABSENT), name))
+    return changes
+
+
+def _leaves(tree: Any, prefix: str = "") -> list[str]:
+    if not isinstance(tree, dict) or not tree:
+        return [prefix]
+    return [leaf for key, value in tree.items() for leaf in _leaves(value, f"{prefix}.{key}" if prefix else str(key))]
+
+
+def _covers(entry: str, key: str) -> bool:
+    return key == entry or key.startswith(entry + ".")
+
+
+def free_on_resume(key: str, old_config: dict[str, Any]) -> bool:
+    if key == "trainer.max_steps":  # a cosine schedule decays over trainer.max_steps
+        return (old_config.get("algo") or {}).get("lr_scheduler", "constant") == "constant"
+    return any(_covers(entry, key) for entry in FREE_ON_RESUME)
+
+
+def _show(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def check_resume_config(ckpt: dict[str, Any], cfg: DictConfig) -> dict[str, tuple[Any, Any]]:
+    """The changes from the checkpoint's config to this one (all of them, to record). Raises
+    UserError, listing each one `old -> new`, when one that changes training is not allowed by
+    trainer.resume_allow_changes (keys or sections, or `all`)."""
+    old = ckpt["config"]
+    new = OmegaConf.to_container(cfg, resolve=True)
+    changes = config_changes(old, new)
+    allowed = [str(a) for a in (cfg.trainer.get("resume_allow_changes") or [])]
+    keys = [*_leaves(old), *_leaves(new)]  # every key either config has
+    unknown = [a for a in allowed if a != "all" and not any(_covers(a, k) for k in keys)]
+    if unknown:
+        raise UserError(f"trainer.resume_allow_changes names {', '.join(unknown)}, which is no config key: name "
+                        "keys (algo.learning_rate) or sections (algo), or [all]")
+    refused = [k for k in changes if not free_on_resume(k, old)
+               and not any(a == "all" or _covers(a, k) for a in allowed)]
+    if refused:
+        listed = ", ".join(f"{k} {_show(changes[k][0])} -> {_show(changes[k][1])}" for k in refused)
+        raise UserError(f"resuming {ckpt['path']} (step {ckpt['step']}) with settings that change training: {listed}; "
+                        f"drop these changes, or accept them with trainer.resume_allow_changes=[{','.join(refused)}] "
+                        "(or [all])")
+    return changes
 
 
 def _cut_logs(run_dir: Path, sizes: dict[str, int]) -> None:

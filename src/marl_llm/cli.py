@@ -10,9 +10,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import os
 import re
 import sys
 import typing
+import unicodedata
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict
@@ -52,6 +54,8 @@ OmegaConf.register_new_resolver(
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
 def _hydra_main(cfg: DictConfig) -> float:
+    from marl_llm.rundir import Interrupted
+
     try:
         validate(cfg)  # before any heavy import: bad values fail in a second
         # Imported here so that `--help`, `--cfg job` and config errors stay fast (no torch import).
@@ -61,6 +65,13 @@ def _hydra_main(cfg: DictConfig) -> float:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except Interrupted as stop:  # Ctrl-C: one line (where it stopped, how to go on), the shell's 128 + SIGINT
+        if stop.main:
+            print(stop, file=sys.stderr, flush=True)
+        sys.exit(130)
+    except KeyboardInterrupt:  # before the run claimed its dir: nothing there to continue
+        print("interrupted before the run started: run the same command to start it", file=sys.stderr, flush=True)
+        sys.exit(130)
 
 
 def _chosen_schemas(args: list[str]) -> tuple[dict[str, Any], bool]:
@@ -136,7 +147,8 @@ def named_dir_check(args: list[str]) -> None:
     named = next((a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")), None)
     if named is None or any(a in ("-m", "--multirun") for a in args):
         return
-    resume = any(a.split("=", 1)[1].lower() in ("true", "1", "yes") for a in args if a.startswith("trainer.resume="))
+    resume = any(a.split("=", 1)[1].lower() in ("true", "1", "yes", "if_possible") for a in args
+                 if a.startswith("trainer.resume="))
     from marl_llm import rundir
 
     if resume or rundir.requeued():
@@ -181,13 +193,92 @@ def rank_overrides(args: list[str]) -> list[str]:
     return out
 
 
+# What word processors, chat apps and East Asian input methods type in place of ASCII: curly quotes,
+# unicode dashes and primes, full-width forms (digits, =, brackets, ...) and the ideographic space.
+LOOKALIKES = {**dict.fromkeys("\u2018\u2019\u201a\u201b\u2032", "'"),
+              **dict.fromkeys("\u201c\u201d\u201e\u201f\u2033", '"'),
+              **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212", "-"), "\u3000": " ",
+              **{chr(c): chr(c - 0xFEE0) for c in range(0xFF01, 0xFF5F)}}
+
+
+def lookalike_error(args: list[str]) -> str | None:
+    """An override with a curly quote or a full-width digit outside a quoted value stops Hydra's
+    lexer with an error that names neither the character nor the fix: name both, before Hydra
+    parses. Inside a quoted value (logger.group='実験１') such characters are text, left as they are."""
+    for a in args:
+        where = next((i for i, ch in enumerate(a) if ch in LOOKALIKES), None)
+        if where is None or a.startswith("-"):
+            continue
+        if "=" in a:
+            from hydra.core.override_parser.overrides_parser import OverridesParser
+
+            try:
+                OverridesParser.create().parse_override(a)
+                continue  # Hydra reads it: the character is inside a quoted value
+            except Exception:  # noqa: BLE001  (any parse error: name the character below)
+                pass
+        ch, ascii_ch = a[where], LOOKALIKES[a[where]]
+        fixed = "".join(LOOKALIKES.get(c, c) for c in a)
+        if where == 0 and ascii_ch == "-":  # autocorrect makes one dash of a flag's two: --cfg -> \u2014cfg
+            ascii_ch, fixed = "--", "-" + fixed
+        return (f"argument {a!r} has {ch!r} ({unicodedata.name(ch, 'U+%04X' % ord(ch))}) at position {where + 1}, "
+                f"which Hydra cannot read: type the ASCII {ascii_ch!r} instead ({fixed})")
+    return None
+
+
+def _uncreatable(path: Path) -> str | None:
+    """Why Hydra could not make `path` and write into it (its nearest existing ancestor is a file
+    or not writable), or None."""
+    path = path.absolute()  # Hydra makes it relative to the working directory (hydra.job.chdir=false)
+    for p in (path, *path.parents):
+        if os.path.lexists(p) and not os.path.exists(p):
+            return f"{p} is a broken symbolic link"
+        if os.path.exists(p):
+            if not os.path.isdir(p):
+                return f"{p} is a file, not a directory"
+            if not os.access(p, os.W_OK | os.X_OK):
+                return f"{p} is not writable"
+            return None
+    return None
+
+
+def run_dir_check(args: list[str]) -> None:
+    """The run dir (hydra.run.dir, or hydra.sweep.dir for -m; named or Hydra's default under the
+    working directory) must be creatable: Hydra makes it before the job starts, where a parent
+    that is a file or read-only fails with a pathlib traceback."""
+    if any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") or a.startswith(("--cfg", "--info"))
+           for a in args):
+        return  # Hydra prints and makes no dir
+    key = "hydra.sweep.dir" if any(a in ("-m", "--multirun") for a in args) else "hydra.run.dir"
+    named = next((a.split("=", 1)[1] for a in args if a.startswith(key + "=")), None)
+    value = named
+    if value is None:
+        hydra_conf = OmegaConf.to_container(OmegaConf.load(Path(config_dir()) / "hydra" / "default.yaml"))
+        value = hydra_conf[key.split(".")[1]]["dir"]  # unresolved: outputs/${now:...}
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        value = value[1:-1]  # Hydra's quoting
+    fixed = value.split("${", 1)[0]  # the part before any ${now:...} is made as written
+    if "${" in value:
+        fixed = fixed.rpartition("/")[0]
+    reason = _uncreatable(Path(fixed or "."))
+    if reason is None:
+        return
+    if named is not None:
+        raise UserError(f"{key}={named} cannot be created ({reason}): name a directory you can write, "
+                        f"{key}=<dir>")
+    raise UserError(f"Hydra's default run dir {value} under {Path.cwd()} cannot be created ({reason}): set "
+                    f"{key}=<dir you can write>, or run marl-llm from a directory you can write")
+
+
 def main() -> None:
-    err = unknown_key_error(sys.argv[1:])
+    err = lookalike_error(sys.argv[1:]) or unknown_key_error(sys.argv[1:])
     if err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     sys.argv[1:] = map_overrides(sys.argv[1:])
     try:
+        run_dir_check(sys.argv[1:])
         named_dir_check(sys.argv[1:])  # every rank, before rank_overrides' first collective
         sys.argv[1:] += rank_overrides(sys.argv[1:])
     except UserError as e:

@@ -259,10 +259,19 @@ class ActorCriticConfig(PolicyConfig):
 
 @dataclass
 class SandboxConfig:
+    """Limits of each sandboxed program run (marl_llm.sandbox.SandboxLimits; docs/sandbox.md)."""
+
     timeout_s: float = 5.0
+    # Per process, and with a memory cgroup over all of a run's processes (+ tmp_mb).
     memory_mb: int = 1024
+    # Tasks (processes + threads) a program may have with a memory cgroup; without one, 1.
     max_procs: int = 32
     max_output_bytes: int = 65536
+    # Size of the program's private /tmp (also /dev/shm).
+    tmp_mb: int = 64
+    # namespaces: each program in its own user/PID/mount/network namespaces (refused where the
+    # kernel does not allow them). process: weaker, for such machines; prints what it gives up.
+    isolation: str = "namespaces"
     # Programs tested in parallel (separate processes).
     workers: int = 2
 
@@ -464,8 +473,14 @@ class TrainerConfig:
     compile_decode: bool = False
     # Save a checkpoint every N steps (0: only at the end).
     save_every: int = 0
-    # Continue from <run_dir>/checkpoint if it exists.
-    resume: bool = False
+    # Continue the run in <run_dir> from its checkpoint: true (refused when there is none),
+    # if_possible (without a checkpoint, start over in the dir, moving its earlier logs aside; what
+    # a requeued SLURM job does by itself) or false (a fresh run: refused in a dir that holds one).
+    resume: Any = False
+    # Settings a resume may change although they change training (its config is compared with the
+    # checkpoint's): keys (algo.learning_rate), sections (algo) or [all]. Logging, evaluation,
+    # saving, max_steps and device settings need no permission (checkpoint.FREE_ON_RESUME).
+    resume_allow_changes: List[str] = field(default_factory=list)
     # Recompute activations in the backward pass instead of keeping them (actors and a separate
     # critic): false | true | auto (on for bases of >= 4B parameters on CUDA, where activations
     # dominate memory; off on the CPU, where it costs more than it saves: it turns off the
@@ -581,9 +596,29 @@ def _check_buffer(a: Any) -> None:
            "batches a buffer: set algo.rollout_buffer_size too (or train_batch_size=null)")
 
 
+# The agents of the built-in tasks with fixed agents, known here so that keys naming agents are checked
+# before anything loads (the Task classes, which import torch, are the source: a test compares).
+_TASK_AGENTS = {"humaneval": ("aux", "main"), "coophumaneval": ("aux", "main"), "tldr": ("concise", "detailed"),
+                "arxiv": ("background", "methods")}
+
+
+def _agent_names(cfg: DictConfig) -> tuple[str, ...] | None:
+    """The agents this algorithm plays this task with (their names key algo.agent_sampling), or
+    None for a task not known here (models.AgentPolicies checks the names it is given)."""
+    if cfg.algo.name == "single":  # one agent does every part (algos.baselines.SingleAgentTask)
+        return ("single",)
+    if "roles" in cfg.task:  # Sokoban, Plan-Path: the roles in turn order
+        return tuple(cfg.task.roles)
+    if "palettes" in cfg.task:  # StrBuild: one builder per palette
+        return tuple(f"builder{i + 1}" for i in range(len(cfg.task.palettes)))
+    return _TASK_AGENTS.get(cfg.task.name)
+
+
 def validate(cfg: DictConfig) -> None:
     """Check values that types cannot: raises UserError naming the key and the valid range."""
     a, t = cfg.algo, cfg.trainer
+    # numpy's seed is 32-bit unsigned (trainer.seed_everything seeds it with this value).
+    _check(0 <= cfg.seed <= 2**32 - 1, "seed", f"{cfg.seed} must be in [0, 2**32-1] (e.g. seed=0)")
     _choice(cfg, "model.dtype", ("auto", "float32", "bfloat16", "float16"))
     _choice(cfg, "trainer.rollout", ("hf", "vllm"))
     _choice(cfg, "trainer.decode", ("dynamic", "static"))
@@ -627,7 +662,11 @@ def validate(cfg: DictConfig) -> None:
     _check(ct is not False or not cfg.model.chat_template_kwargs, "model.chat_template_kwargs",
            "template options need the chat template: set model.chat_template=true or drop the options")
     _check_sampling("algo.sampling", a.sampling)
+    agents = _agent_names(cfg)
     for agent, over in a.agent_sampling.items():
+        _check(agents is None or agent in agents, f"algo.agent_sampling.{agent}",
+               f"{agent!r} is not an agent of algo={a.name} on task={cfg.task.name}, whose agents are "
+               f"{', '.join(agents or ())}: key the overrides by one of them")
         _check(isinstance(over, (dict, DictConfig)), f"algo.agent_sampling.{agent}", "must be a mapping")
         unknown = set(over) - set(SamplingConfig.__dataclass_fields__)
         _check(not unknown, f"algo.agent_sampling.{agent}",
@@ -720,6 +759,9 @@ def validate(cfg: DictConfig) -> None:
         _check(sb.timeout_s > 0, "task.sandbox.timeout_s", "must be > 0")
         _check(sb.memory_mb >= 64, "task.sandbox.memory_mb", "must be >= 64")
         _check(sb.workers >= 1, "task.sandbox.workers", "must be >= 1")
+        _check(sb.get("isolation", "namespaces") in ("namespaces", "process"), "task.sandbox.isolation",
+               "must be namespaces (the default) or process (weaker: see docs/sandbox.md)")
+        _check(sb.get("tmp_mb", 64) >= 1, "task.sandbox.tmp_mb", "must be >= 1")
     _check(t.max_steps >= 0, "trainer.max_steps", "must be >= 0")
     _check(t.peak_tflops is None or t.peak_tflops > 0, "trainer.peak_tflops",
            "must be > 0 (dense TFLOP/s of one device) or null (from the GPU's name)")

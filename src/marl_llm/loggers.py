@@ -70,6 +70,18 @@ class RunLogger:
             elif not os.environ.get("WANDB_MODE") and not os.environ.get("WANDB_API_KEY"):
                 kwargs["mode"] = "offline"
             identity = run_identity(cfg, sweep_dir())
+            settings = wandb.setup().settings  # also `wandb login --host`'s server and W&B's defaults
+            mode = kwargs.get("mode") or os.environ.get("WANDB_MODE") or settings.mode
+            if mode in ("online", "run", "shared"):
+                # An unreachable server makes wandb.init retry for about a minute (init_timeout, and
+                # its resume check) at every start and resume; a probe of a few seconds fails alike.
+                from marl_llm.tasks.data import endpoint_unreachable
+
+                server = os.environ.get("WANDB_BASE_URL") or settings.base_url
+                reason = endpoint_unreachable(server)
+                if reason:
+                    raise ConnectionError(f"W&B server {server}: {reason}; logger.mode=offline keeps a local W&B "
+                                          "run to `wandb sync` later")
             self.wandb = wandb.init(
                 project=lc.project, entity=lc.entity, job_type="train", **identity,
                 config=OmegaConf.to_container(cfg, resolve=True), dir=str(self.run_dir), id=wandb_id,
@@ -82,7 +94,8 @@ class RunLogger:
             self.wandb.define_metric("train/*", step_metric="train/global_step")
             self.wandb.define_metric("eval/*", step_metric="train/global_step")
         except Exception as err:  # noqa: BLE001  (W&B must never stop training)
-            print(f"[marl-llm] warning: W&B unavailable ({type(err).__name__}: {err}); "
+            why = " ".join(str(err).split())  # W&B's errors span lines: keep the warning on one
+            print(f"[marl-llm] warning: W&B unavailable ({type(err).__name__}: {why}); "
                   f"logging to {self.metrics_path} only", file=sys.stderr)
             self.wandb = None
 

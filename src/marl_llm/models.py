@@ -23,6 +23,7 @@ import functools
 import importlib.metadata
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -134,22 +135,74 @@ def embedded_checkpoint() -> Path:
 
 
 # -------------------------------------------------------------------------------------- loading
-def _source(spec: str | None, cfg: Any) -> tuple[str, bool]:
-    """(what to pass to from_pretrained, is it local) for one base-model spec."""
+# What the hub accepts as a model id: `org/name` or a bare `name`. Anything else that is no local
+# directory (./x, ../x, /x, ~/x, a/b/c, a name with spaces) is a path that does not exist.
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+# A checkpoint dir's tokenizer has at least one of these (fast, sentencepiece, BPE, WordPiece; a
+# remote-code tokenizer names its own files in tokenizer_config.json).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+EMBEDDED_FIX = "or use the embedded default model (model=smollm2_135m)"
+
+
+def check_checkpoint_dir(path: str, what: str) -> None:
+    """Refuse a dir that is not a Hugging Face checkpoint before transformers fails on it with a
+    tokenizer traceback; `what` names the setting, e.g. model.path='/x'."""
+    missing = [] if os.path.isfile(os.path.join(path, "config.json")) else ["config.json"]
+    if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+        missing.append(f"tokenizer files ({', '.join(TOKENIZER_FILES)})")
+    if missing:
+        raise UserError(f"{what} is not a Hugging Face checkpoint directory: it has no {' and no '.join(missing)}. "
+                        f"Point it at the directory that save_pretrained wrote the model and its tokenizer to, "
+                        f"{EMBEDDED_FIX}")
+
+
+def _source(spec: str | None, cfg: Any) -> tuple[str, bool, str]:
+    """(what to pass to from_pretrained, is it local, the setting it came from) for one base-model
+    spec: a local dir, "embedded", or a hub id (model.hub_id always; model.path and
+    model.agent_bases entries only in the hub's org/name form, else a path that must exist)."""
     if spec is None:
         if cfg.path:
-            spec = cfg.path
+            spec, what = cfg.path, f"model.path={cfg.path!r}"
         elif cfg.embedded:
-            spec = "embedded"
+            spec, what = "embedded", "model.embedded=true"
         else:
-            spec = cfg.hub_id
+            spec, what = cfg.hub_id, f"model.hub_id={cfg.hub_id!r}"
+    else:
+        what = f"model.agent_bases entry {spec!r}"
     if spec == "embedded":
-        return str(embedded_checkpoint()), True
-    if os.path.isdir(os.path.expanduser(spec)):
-        return os.path.expanduser(spec), True
-    if spec.startswith((".", "/", "~")):
-        raise UserError(f"model path {spec!r} is not a directory: pass model.path=<dir of a HF checkpoint>")
-    return spec, False
+        return str(embedded_checkpoint()), True, what
+    path = os.path.expanduser(spec)
+    if os.path.isdir(path):
+        check_checkpoint_dir(path, what)
+        return path, True, what
+    if what.startswith("model.hub_id"):
+        return spec, False, what
+    if os.path.exists(path):
+        raise UserError(f"{what} is a file: pass the directory of a Hugging Face checkpoint (the one with "
+                        f"config.json), {EMBEDDED_FIX}")
+    if HUB_ID.fullmatch(spec) is None:
+        raise UserError(f"{what}: no such directory ({os.path.abspath(path)}): pass model.path=<dir of a Hugging Face "
+                        f"checkpoint> or model.hub_id=<org/name> for a hub model, {EMBEDDED_FIX}")
+    return spec, False, what
+
+
+@contextmanager
+def hub_offline(offline: bool) -> Iterator[None]:
+    """With `offline`, huggingface_hub's offline mode (what HF_HUB_OFFLINE=1 sets at import) for the
+    block: files come from the local HF cache, and every hub request fails at once, also those
+    transformers makes without `local_files_only` (its adapter_config.json lookup retries ~25 s)."""
+    if not offline:
+        yield
+        return
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
 
 
 def load_base(spec: str | None, cfg: Any, device: torch.device, dtype: torch.dtype,
@@ -159,20 +212,33 @@ def load_base(spec: str | None, cfg: Any, device: torch.device, dtype: torch.dty
     where it will run, which `model.attn_implementation=auto` chooses for (attention.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source, local = _source(spec, cfg)
+    from marl_llm.tasks.data import hub_offline_reason
+
+    source, local, what = _source(spec, cfg)
     attn = attention.resolve(cfg.attn_implementation, compute_device or device)
     kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
+    # Hub unreachable: the local HF cache only, at once (the hub client retries for about a minute).
+    offline = None if local else hub_offline_reason(("HF_HUB_OFFLINE",))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        if attn:
-            kwargs["attn_implementation"] = attn
-        # Straight onto its device, shard by shard (no whole-model round trip through host memory).
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map={"": device}, **kwargs)
-    except OSError as err:
-        if local:
-            raise UserError(f"could not load a model from {source}: {err}") from None
+        with hub_offline(offline is not None):
+            tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+            if attn:
+                kwargs["attn_implementation"] = attn
+            # Straight onto its device, shard by shard (no whole-model round trip through host memory).
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map={"": device}, **kwargs)
+    except (OSError, ValueError) as err:
+        if local:  # a broken checkpoint: transformers' reason, on one line
+            raise UserError(f"could not load a model from {source} ({what}): {' '.join(str(err).split())}") from None
+        if not isinstance(err, OSError):
+            raise
+        # model.path / agent_bases in the org/name form: it may have been meant as a local dir.
+        not_local = "" if what.startswith("model.hub_id") else f" (no local directory {os.path.abspath(source)} either)"
+        if offline:
+            raise UserError(f"model {source!r}{not_local} is not in the local Hugging Face cache and the hub is not "
+                            f"reachable ({offline}): download it where the hub is reachable and pass "
+                            f"model.path=<its local dir>, {EMBEDDED_FIX}") from None
         raise UserError(
-            f"could not load model {source!r} from the Hugging Face hub ({type(err).__name__}); offline, "
+            f"could not load model {source!r}{not_local} from the Hugging Face hub ({type(err).__name__}); offline, "
             f"download it elsewhere and pass model.path=<local dir>") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -326,6 +392,11 @@ class AgentPolicies:
                                 "give every agent exactly one policy name")
             if len(bases) > 1 and len(set(policy_map.values())) < len(agent_names):
                 raise UserError("agents on different base models (model.agent_bases) cannot share a policy")
+        # config.validate knows the built-in tasks' agents; these are the task's own (any task).
+        unknown = sorted(set(algo_cfg.get("agent_sampling") or {}) - set(agent_names))
+        if unknown:
+            raise UserError(f"algo.agent_sampling names {unknown}, which are not agents of this task; its agents are "
+                            f"{list(agent_names)}: key the overrides by one of them")
         self.seed = seed
         self.full = algo_cfg.lora is None
         # What loaded each model (a separate critic loads another copy of its agents' base).

@@ -6,8 +6,15 @@ own files (.hydra/, the job log) into it.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shlex
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
+
+from marl_llm.atomic import atomic_write_text
 
 RUN_MARKER = ".marl-llm-run"
 CHECKPOINT = "checkpoint.pt"
@@ -46,3 +53,70 @@ def claim(run_dir: Path, resume: bool) -> str | None:
         except FileExistsError:
             files = [RUN_MARKER]
     return refusal(run_dir, files)
+
+
+RESUMES = "resumes.jsonl"
+# What a run started over in its dir (trainer.resume=if_possible, a requeued SLURM job, without a
+# checkpoint) would write afresh: the earlier attempt's are moved aside, never cut or overwritten.
+ATTEMPT_FILES = (METRICS, "samples.jsonl", "config.yaml", "wandb.json", "summary.json")
+
+
+def set_aside(run_dir: Path) -> dict[str, str]:
+    """Rename the earlier attempt's logs to <stem>.attempt-<k><suffix> (k: 1 for the first
+    attempt, one more for each later one); returns {old name: new name}."""
+    taken = [int(m.group(1)) for p in run_dir.iterdir() if (m := re.search(r"\.attempt-(\d+)\.", p.name))]
+    k = max(taken, default=0) + 1
+    moved = {}
+    for name in ATTEMPT_FILES:
+        path = run_dir / name
+        if path.exists():
+            aside = f"{path.stem}.attempt-{k}{path.suffix}"
+            os.replace(path, run_dir / aside)
+            moved[name] = aside
+    return moved
+
+
+def record(run_dir: Path, entry: dict[str, Any]) -> None:
+    """Append one line to the run dir's resumes.jsonl, atomically: a kill leaves the old file or the new one."""
+    path = run_dir / RESUMES
+    before = path.read_text(encoding="utf-8") if path.exists() else ""
+    atomic_write_text(path, before + json.dumps({"time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                                 **entry}) + "\n")
+
+
+class Interrupted(Exception):
+    """Ctrl-C (SIGINT) stopped a run: the one line to print (where it got to and how to go on),
+    and whether this process prints it (data-parallel rank 0)."""
+
+    def __init__(self, line: str, main: bool = True):
+        super().__init__(line)
+        self.main = main
+
+
+def run_overrides(run_dir: Path) -> list[str] | None:
+    """The command-line overrides of this run: Hydra's record of the running job, else the run
+    dir's .hydra/overrides.yaml; None when neither exists (a run started from Python)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task)
+    except Exception:  # noqa: BLE001  (no Hydra context)
+        pass
+    saved = run_dir / ".hydra" / "overrides.yaml"
+    if saved.is_file():
+        import yaml
+
+        return [str(o) for o in yaml.safe_load(saved.read_text()) or []]
+    return None
+
+
+def resume_command(run_dir: Path, resume: str = "true") -> str:
+    """The command that continues this run in its dir: its own overrides (less any run dir or
+    trainer.resume), then hydra.run.dir=<run_dir> trainer.resume=<resume>."""
+    overrides = run_overrides(run_dir)
+    if overrides is None:
+        return f"marl-llm <the run's overrides> hydra.run.dir={shlex.quote(str(run_dir))} trainer.resume={resume}"
+    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides]
+    kept = [o for o, k in zip(overrides, keys) if k not in ("trainer.resume", "hydra.run.dir")]
+    where = [] if "run_dir" in keys else [f"hydra.run.dir={run_dir}"]
+    return " ".join(["marl-llm", *(shlex.quote(a) for a in [*kept, *where, f"trainer.resume={resume}"])])

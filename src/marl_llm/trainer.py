@@ -31,7 +31,7 @@ from marl_llm import distributed, fsdp, perf, rundir
 from marl_llm.algos import algorithm_class, build_algorithm
 from marl_llm.algos.update import lr_schedulers
 from marl_llm.atomic import atomic_write_text
-from marl_llm.checkpoint import load_checkpoint, save_checkpoint
+from marl_llm.checkpoint import check_resume_config, read_checkpoint, restore_checkpoint, save_checkpoint
 from marl_llm.config import UserError, validate
 from marl_llm.episodes import JointTree
 from marl_llm.evaluation import evaluate
@@ -235,42 +235,118 @@ def join_world(cfg: DictConfig) -> distributed.World:
     return w
 
 
-def resuming(cfg: DictConfig) -> bool:
-    """trainer.resume, or a SLURM job that was requeued (timeout, pre-emption): it goes on from
-    its run dir's checkpoint instead of starting over."""
-    return bool(cfg.trainer.resume) or rundir.requeued()
+def resume_mode(cfg: DictConfig) -> str:
+    """trainer.resume as "off", "on" (continue from the run dir's checkpoint; none is an error) or
+    "if_possible" (without a checkpoint, start over in the dir). A SLURM job that was requeued
+    (timeout, pre-emption) resumes if possible without being told: it may have been stopped
+    before its first checkpoint."""
+    value = cfg.trainer.resume
+    modes = {"false": "off", "true": "on", "if_possible": "if_possible"}
+    mode = modes.get(str(value).lower()) if isinstance(value, (bool, str)) else None
+    if mode is None:
+        raise UserError(f"trainer.resume={value} is not a choice: true (continue the run in hydra.run.dir), "
+                        "if_possible (continue, or start over there when it has no checkpoint) or false")
+    return "if_possible" if rundir.requeued() else mode
+
+
+@dataclass
+class Progress:
+    """How far a run has got: what an interrupted run reports."""
+
+    run_dir: Path | None = None  # set once the run dir is this run's
+    step: int = 0
+    max_steps: int = 0
+    checkpoint: tuple[int, str] | None = None  # (step, file) of the last checkpoint written or resumed from
+    main: bool = True
+
+
+def interrupted_line(progress: Progress) -> str:
+    """Where a Ctrl-C'd run stopped and the command that goes on from there."""
+    run_dir = progress.run_dir.resolve()
+    reached = f"interrupted at step {progress.step}/{progress.max_steps}"
+    if progress.checkpoint is None:  # trainer.resume=true would refuse: nothing to continue from
+        return (f"{reached}, no checkpoint yet; start it over in its dir (its logs are kept aside) with: "
+                f"{rundir.resume_command(run_dir, 'if_possible')}")
+    step, path = progress.checkpoint
+    return (f"{reached}, last checkpoint {path} (step {step}); continue with: "
+            f"{rundir.resume_command(run_dir, 'true')}")
 
 
 def train(cfg: DictConfig) -> float:
+    """One run (see the module's docstring). Ctrl-C raises rundir.Interrupted, whose message says
+    where the run stopped and how to continue it, after the loggers and process group are closed."""
+    progress = Progress()
+    try:
+        return _train(cfg, progress)
+    except KeyboardInterrupt:
+        distributed.shutdown()  # as on an error before the loop (the loop's own cleanup has run)
+        if progress.run_dir is None:
+            raise  # before this run had a dir: nothing to continue
+        raise rundir.Interrupted(interrupted_line(progress), progress.main) from None
+
+
+def _train(cfg: DictConfig, progress: Progress) -> float:
     validate(cfg)
+    resume = resume_mode(cfg)
     quiet_libraries()
     w = join_world(cfg)
     # Every rank writes to (and resumes from) rank 0's run dir; only rank 0 writes anything.
     run_dir = Path(distributed.broadcast_object(str(cfg.run_dir)))
-    refusal = distributed.broadcast_object(rundir.claim(run_dir, resuming(cfg)) if w.is_main else None)
-    if refusal:
-        raise UserError(refusal)
-    if w.is_main:
-        # The resolved config next to the metrics: marl-llm-report reads both (no W&B needed).
-        atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    seed_everything(cfg.seed, cfg.trainer.deterministic)
     tc = cfg.trainer
 
     def say(msg: str) -> None:
         if w.is_main:
             print(f"[marl-llm] {msg}", flush=True)
 
+    # The checkpoint is read (and the config compared with its own) before the model loads: a
+    # refused resume costs seconds. Every rank reads it.
+    ckpt, changes = None, {}
+    if resume != "off":
+        ckpt = read_checkpoint(run_dir, main=w.is_main)
+        if ckpt is None and resume == "on":
+            raise UserError(f"nothing to resume in {run_dir}: it has no {rundir.CHECKPOINT} or {rundir.PREVIOUS} (the "
+                            "run stopped before its first checkpoint, or they were removed); start it over there with "
+                            "trainer.resume=if_possible (its logs are kept aside), or check hydra.run.dir")
+        if ckpt is not None:
+            changes = check_resume_config(ckpt, cfg)
+    refusal = distributed.broadcast_object(rundir.claim(run_dir, resume != "off") if w.is_main else None)
+    if refusal:
+        raise UserError(refusal)
+    progress.run_dir, progress.main, progress.max_steps = run_dir, w.is_main, tc.max_steps
+    if ckpt is not None:
+        progress.step, progress.checkpoint = ckpt["step"], (ckpt["step"], ckpt["path"])
+    if w.is_main:
+        if resume != "off" and ckpt is None:  # if_possible, and nothing to continue from
+            moved = rundir.set_aside(run_dir)
+            if moved:
+                rundir.record(run_dir, {"started_over": True, "why": "no checkpoint", "set_aside": moved})
+                say(f"no checkpoint in {run_dir} to resume from: starting over at step 0; the earlier attempt's "
+                    f"files are kept as {', '.join(moved.values())}")
+            else:
+                say(f"no checkpoint in {run_dir} to resume from: starting at step 0")
+        # The resolved config next to the metrics: marl-llm-report reads both (no W&B needed). A
+        # resume keeps the run's own (the changes go to resumes.jsonl).
+        if ckpt is None or not (run_dir / "config.yaml").exists():
+            atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    seed_everything(cfg.seed, cfg.trainer.deterministic)
+
     run = build(cfg)
     task, policies, algo = run.task, run.policies, run.algo
     train_set, eval_set, max_steps = run.train_set, run.eval_set, run.max_steps
+    progress.max_steps = max_steps
     algo_cls = type(algo)
     start_step, wandb_id = 0, None
-    if resuming(cfg):
-        ckpt = load_checkpoint(run_dir, policies, algo, main=w.is_main)
-        if ckpt is not None:
-            start_step, wandb_id = ckpt["step"], ckpt["wandb_id"]
-            run.schedulers = lr_schedulers(list(policies.optimizers.values()), cfg.algo, max_steps, start_step)
-            say(f"resumed from {ckpt['path']} at step {start_step}")
+    if ckpt is not None:
+        restore_checkpoint(run_dir, ckpt, policies, algo, main=w.is_main)
+        start_step, wandb_id = ckpt["step"], ckpt["wandb_id"]
+        run.schedulers = lr_schedulers(list(policies.optimizers.values()), cfg.algo, max_steps, start_step)
+        if w.is_main:
+            rundir.record(run_dir, {"resumed_from": ckpt["path"], "step": start_step, "changes": {
+                k: list(v) for k, v in changes.items() if k != "trainer.resume"}})
+        say(f"resumed from {ckpt['path']} at step {start_step}"
+            + (f" (changed: {', '.join(k for k in changes if k != 'trainer.resume')})"
+               if set(changes) - {"trainer.resume"} else ""))
+        del ckpt  # its tensors are in the policies now
     distributed.broadcast_parameters(policies.trainable_parameters())
     logger = RunLogger(cfg, run_dir, wandb_id) if w.is_main else NullLogger()
     summary: dict[str, Any] = {"before": None, "after": None, "eval_problems": len(eval_set),
@@ -304,7 +380,8 @@ def train(cfg: DictConfig) -> float:
     def checkpoint(step: int) -> None:
         """Rank 0 saves (the ranks' states are equal); the others wait, so none runs ahead."""
         if w.is_main:
-            save_checkpoint(run_dir, cfg, policies, step, logger.wandb_id, algo.state_dict())
+            path = save_checkpoint(run_dir, cfg, policies, step, logger.wandb_id, algo.state_dict())
+            progress.checkpoint = (step, str(path))
         distributed.barrier()
 
     exit_code = 1
@@ -316,6 +393,7 @@ def train(cfg: DictConfig) -> float:
         last_train: dict[str, float] = {}
         for step in range(start_step, max_steps):
             tree, metrics = train_step(run, cfg, step)
+            progress.step = step + 1
             logger.log("train", metrics, step + 1)
             logger.log_samples("train", sample_rows(tree, policies.agent_names, cfg.logger.sample_rows), step + 1)
             step_times.append(metrics["step_time"])
@@ -355,6 +433,9 @@ def train(cfg: DictConfig) -> float:
             shown = "no held-out evaluation (trainer.eval_before and trainer.eval_after are off)"
         say(f"{shown}  (summary: {tc.summary_file or run_dir / 'summary.json'})")
         exit_code = 0
+    except KeyboardInterrupt:
+        exit_code = 130  # W&B records the run as stopped, as the shell would (128 + SIGINT)
+        raise
     finally:
         if hasattr(run.rollout, "close"):  # vLLM: its exported adapters are removed
             run.rollout.close()

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import socket
+import threading
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -67,9 +68,13 @@ def select(rows: list[dict[str, Any]], split: Split, origin: str, key: str) -> l
     n = len(rows)
     start = split.start or 0
     end = n if split.end is None else split.end
+    if n == 0:  # no slice selects anything: the fix is data, not a split
+        raise UserError(f"{key}={str(split)!r} selects no rows: split {split.name!r} of {origin} is empty. Point "
+                        f"{key} at a split with rows, or give the source rows")
     if end > n:
+        # A suggestion that selects rows: from `start` when it is inside the data, else from 0.
         raise UserError(f"{key}={str(split)!r} asks for rows up to {end}, but split {split.name!r} of {origin} has "
-                        f"only {n} rows: use e.g. {split.name}[{start}:{n}]")
+                        f"only {n} rows: use e.g. {split.name}[{start if start < n else 0}:{n}]")
     if start >= end:
         raise UserError(f"{key}={str(split)!r} selects no rows: split {split.name!r} of {origin} has {n} rows")
     return rows[start:end]
@@ -147,19 +152,40 @@ def read_packaged_sample(task: str, split: str) -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------------------- hub
-def hub_offline_reason() -> str | None:
-    """Why the hub cannot be reached (offline env var, no connection), or None if it can."""
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+def endpoint_unreachable(url: str, timeout: float = 3.0) -> str | None:
+    """Why a connection to `url`'s host and port fails within `timeout` seconds, or None when it
+    connects. Name resolution counts in the time: it runs in a thread, because a resolver that
+    never answers blocks longer than any socket timeout."""
+    try:
+        parsed = urlparse(url)
+        host, port = parsed.hostname, parsed.port or (80 if parsed.scheme == "http" else 443)
+    except ValueError as err:
+        return f"{url!r} is not a URL ({err})"
+    if not host:
+        return f"{url!r} names no host"
+    outcome: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome.append(None)
+        except OSError as err:
+            outcome.append(f"{host} is unreachable ({err})")
+
+    probe = threading.Thread(target=connect, daemon=True)
+    probe.start()
+    probe.join(timeout)
+    return outcome[0] if outcome else f"{host} did not answer within {timeout:g} s"
+
+
+def hub_offline_reason(variables: tuple[str, ...] = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")) -> str | None:
+    """Why the hub cannot be reached (one of the offline env `variables` set, no connection), or
+    None if it can."""
+    for var in variables:
         if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
             return f"{var}={os.environ[var]} is set"
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    host = urlparse(endpoint).hostname or "huggingface.co"
-    try:
-        # A quick probe: `datasets` itself retries for ~25 s before giving up without a network.
-        socket.create_connection((host, 443), timeout=3).close()
-    except OSError as err:
-        return f"{host} is unreachable ({err})"
-    return None
+    # A quick probe: `datasets` and transformers themselves retry for ~25-55 s without a network.
+    return endpoint_unreachable(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
 
 
 def read_hub(hub_id: str, split_name: str) -> list[dict[str, Any]]:
@@ -245,6 +271,10 @@ class TaskData:
                                 f"{sorted(files)}: add {split.name}: <file> or change {key}")
             origin = f"file {files[split.name]}"
             rows = read_file(files[split.name])
+            if not rows:
+                raise UserError(f"{key}={str(split)!r} selects no rows: data file {files[split.name]!r} "
+                                f"(task.data.files.{split.name}) is empty. Add rows (one JSON object per line in "
+                                f".jsonl) or point task.data.files.{split.name} at a file with rows")
         elif source == "hub":
             origin = f"hub dataset {self.cfg.hub_id}"
             rows = read_hub(str(self.cfg.hub_id), split.name)

@@ -1,0 +1,356 @@
+"""Bad input gets one line that names the fix (exit code 2), never a traceback or a minute of retries."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, VENV_BIN, compose_config
+
+CLI = str(VENV_BIN / "marl-llm")
+
+
+def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300):
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", **(env or {})}
+    return subprocess.run([CLI, *args], cwd=cwd, capture_output=True, text=True, env=full_env, timeout=timeout)
+
+
+def one_error_line(out: subprocess.CompletedProcess) -> str:
+    """The run stopped with exit code 2 and exactly one line on stderr, `error: ...`."""
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-3000:]
+    return lines[0]
+
+
+def closed_port_url() -> str:
+    """http://127.0.0.1:<a port nothing listens on>: a server that refuses at once, no network touched."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+# ------------------------------------------------------------------------------------ 1. seed
+def test_a_negative_seed_is_refused_before_anything_loads(tmp_path):
+    line = one_error_line(run_cli(["logger=none", "seed=-1", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path))
+    assert "seed" in line and "[0, 2**32-1]" in line
+
+
+@pytest.mark.parametrize("seed,ok", [(0, True), (2**32 - 1, True), (2**32, False), (-1, False)])
+def test_seed_range_is_numpys(seed, ok):
+    from marl_llm.config import UserError, validate
+
+    cfg = compose_config([f"seed={seed}", "run_dir=/tmp/x"])
+    if ok:
+        validate(cfg)
+    else:
+        with pytest.raises(UserError, match=r"seed: .*must be in \[0, 2\*\*32-1\]"):
+            validate(cfg)
+
+
+# --------------------------------------------------------------------- 2. and 6. model.path
+def test_a_dir_that_is_not_a_model_names_what_is_missing(tmp_path):
+    not_a_model = tmp_path / "notes"
+    not_a_model.mkdir()
+    (not_a_model / "README.txt").write_text("not weights")
+    line = one_error_line(run_cli(["logger=none", "model=local", f"model.path={not_a_model}",
+                                   f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, {"HF_HUB_OFFLINE": "1"}))
+    assert "is not a Hugging Face checkpoint directory" in line
+    assert "no config.json and no tokenizer files" in line and "model=smollm2_135m" in line
+
+
+def test_a_dir_with_a_config_but_no_tokenizer_names_the_tokenizer(tmp_path, tiny_model_dir):
+    from marl_llm.config import UserError
+    from marl_llm.models import check_checkpoint_dir
+
+    check_checkpoint_dir(str(tiny_model_dir), "model.path='tiny'")  # a real checkpoint passes
+    shutil.copy(tiny_model_dir / "config.json", tmp_path / "config.json")
+    with pytest.raises(UserError, match="model.path='x' is not a Hugging Face checkpoint directory: it has no "
+                                        r"tokenizer files \(tokenizer.json") as err:
+        check_checkpoint_dir(str(tmp_path), "model.path='x'")
+    assert "config.json and" not in str(err.value)
+
+
+def test_a_relative_path_that_does_not_exist_is_not_a_hub_id(tmp_path):
+    """Not of the hub's org/name form: a path, which does not exist (no minute of hub retries)."""
+    start = time.monotonic()
+    line = one_error_line(run_cli(["logger=none", "model=local", "model.path=data/models/qwen",
+                                   f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
+                                  {"HF_HUB_OFFLINE": "", "HF_ENDPOINT": closed_port_url()}))
+    assert time.monotonic() - start < 60
+    assert f"no such directory ({tmp_path / 'data' / 'models' / 'qwen'})" in line and "model.path=<dir" in line
+
+
+@pytest.mark.parametrize("spec,hub", [("HuggingFaceTB/SmolLM2-135M-Instruct", True), ("gpt2", True),
+                                      ("Qwen/Qwen3-1.7B", True), ("./qwen", False), ("../models/qwen", False),
+                                      ("/no/such/dir", False), ("~/no-such-model-dir", False),
+                                      ("data/models/qwen", False), ("my model", False)])
+def test_which_missing_specs_are_hub_ids(spec, hub):
+    from omegaconf import OmegaConf
+
+    from marl_llm.config import UserError
+    from marl_llm.models import _source
+
+    cfg = OmegaConf.create(dict(path=spec, embedded=False, hub_id=None))
+    if hub:
+        assert _source(None, cfg)[:2] == (spec, False)
+        assert _source(spec, cfg)[:2] == (spec, False)  # a model.agent_bases entry alike
+    else:
+        with pytest.raises(UserError, match=r"model.path=.*: no such directory"):
+            _source(None, cfg)
+
+
+def test_an_existing_dir_wins_over_the_hub_id_form(tmp_path, tiny_model_dir, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from marl_llm.models import _source
+
+    (tmp_path / "org").mkdir()
+    shutil.copytree(tiny_model_dir, tmp_path / "org" / "tiny")
+    monkeypatch.chdir(tmp_path)
+    assert _source(None, OmegaConf.create(dict(path="org/tiny", embedded=False, hub_id=None)))[:2] == ("org/tiny", True)
+
+
+# ------------------------------------------------------------------------------ 3. run dir
+def test_a_run_dir_under_a_file_is_refused_before_hydra_starts(tmp_path):
+    (tmp_path / "taken").write_text("a file")
+    line = one_error_line(run_cli(["logger=none", f"hydra.run.dir={tmp_path / 'taken' / 'run'}"], tmp_path))
+    assert f"hydra.run.dir={tmp_path / 'taken' / 'run'} cannot be created" in line
+    assert f"{tmp_path / 'taken'} is a file, not a directory" in line and "hydra.run.dir=<dir>" in line
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_run_dir_check_covers_sweeps_read_only_dirs_and_the_default(tmp_path, monkeypatch):
+    from marl_llm.cli import run_dir_check
+    from marl_llm.config import UserError
+
+    (tmp_path / "taken").write_text("a file")
+    with pytest.raises(UserError, match="hydra.sweep.dir=.* is a file, not a directory"):
+        run_dir_check(["-m", f"hydra.sweep.dir={tmp_path / 'taken' / 'sweep'}/${{now:%H}}"])
+    run_dir_check(["--cfg", "job", f"hydra.run.dir={tmp_path / 'taken' / 'run'}"])  # prints only: no dir made
+    run_dir_check([f"hydra.run.dir='{tmp_path / 'new' / 'run'}'"])  # a dir that does not exist yet is fine
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").write_text("a file where the default run dirs go")
+    with pytest.raises(UserError, match=r"outputs is a file.*set hydra.run.dir=<dir you can write>"):
+        run_dir_check([])
+
+
+def test_a_run_dir_in_a_read_only_dir_is_refused():
+    """Root writes anywhere: as root the script runs as nobody (setpriv), in a dir nobody can reach."""
+    base = Path(tempfile.mkdtemp(prefix="marl-llm-ro-", dir="/tmp"))
+    read_only = base / "read_only"
+    read_only.mkdir()
+    try:
+        base.chmod(0o755)
+        read_only.chmod(0o555)
+        command = [CLI, "logger=none", f"hydra.run.dir={read_only / 'run'}"]
+        if os.geteuid() == 0:
+            if shutil.which("setpriv") is None:
+                pytest.skip("root writes into read-only dirs, and setpriv is missing to run as another user")
+            command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *command]
+        out = subprocess.run(command, cwd=base, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "HOME": str(base)})
+        line = one_error_line(out)
+        assert f"hydra.run.dir={read_only / 'run'} cannot be created ({read_only} is not writable)" in line
+        assert not (read_only / "run").exists()
+    finally:
+        read_only.chmod(0o755)
+        shutil.rmtree(base)
+
+
+# -------------------------------------------------------------------- 4. agent_sampling keys
+def test_a_misspelled_agent_in_agent_sampling_lists_the_agents(tmp_path):
+    line = one_error_line(run_cli(["logger=none", "algo.agent_sampling={mian:{temperature:0.9}}",
+                                   f"hydra.run.dir={tmp_path / 'run'}"], tmp_path))
+    assert "algo.agent_sampling.mian" in line and "whose agents are aux, main" in line
+
+
+@pytest.mark.parametrize("overrides", [["task=humaneval"], ["task=coophumaneval"], ["task=tldr"], ["task=arxiv"],
+                                       ["task=sokoban"], ["task=plan_path", "task.roles=[plan]"], ["task=strbuild"],
+                                       ["task=strbuild", "task.palettes=[[a],[b],[c]]"],
+                                       ["task=tldr", "algo=single"]])
+def test_validate_knows_the_agents_the_tasks_have(overrides):
+    """config.validate's agent names (known before torch loads) are the Task classes' own."""
+    from marl_llm.algos import algorithm_class
+    from marl_llm.cli import map_overrides
+    from marl_llm.config import UserError, _agent_names, validate
+    from marl_llm.tasks import build_task
+
+    cfg = compose_config([*overrides, "run_dir=/tmp/x"])
+    task = algorithm_class(cfg.algo.name).task_view(build_task(cfg.task), cfg.algo)
+    assert _agent_names(cfg) == tuple(task.agent_names)
+    for agent in task.agent_names:
+        per_agent = f"algo.agent_sampling.{agent}.top_p=0.5"
+        validate(compose_config(map_overrides([*overrides, "run_dir=/tmp/x", per_agent])))
+    with pytest.raises(UserError, match=f"whose agents are {', '.join(task.agent_names)}"):
+        validate(compose_config(map_overrides([*overrides, "run_dir=/tmp/x", "algo.agent_sampling.nobody.top_p=0.5"])))
+
+
+def test_agent_policies_refuse_sampling_for_agents_the_task_lacks(tiny_model_dir):
+    """Any task (also one config.validate does not know): refused before the model loads."""
+    from omegaconf import OmegaConf
+
+    from marl_llm.config import UserError
+    from marl_llm.models import AgentPolicies
+
+    model_cfg = OmegaConf.create(dict(name="x", path="/no/such/dir", embedded=False, hub_id=None, dtype="auto",
+                                      device="cpu", attn_implementation=None, trust_remote_code=False,
+                                      agent_bases=None))
+    algo_cfg = OmegaConf.create(dict(adapters="per_agent", policy_map={}, agent_sampling={"writer": {"top_p": 0.5}},
+                                     lora=dict(r=4, alpha=8, dropout=0.0, target_modules=["q_proj"])))
+    with pytest.raises(UserError, match=r"algo.agent_sampling names \['writer'\].*\['red', 'blue'\]"):
+        AgentPolicies(("red", "blue"), model_cfg, algo_cfg, 0)
+
+
+# ------------------------------------------------------------------------ 5. empty data file
+def test_an_empty_data_file_says_so(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    line = one_error_line(run_cli(["logger=none", "task=tldr", "algo.num_turns=1",
+                                   f"task.data.files={{train:{empty},test:{empty}}}",
+                                   "task.data.train_split='train[:100]'", f"hydra.run.dir={tmp_path / 'run'}"],
+                                  tmp_path, {"HF_HUB_OFFLINE": "1"}))
+    assert f"task.data.train_split='train[:100]' selects no rows: data file '{empty}' (task.data.files.train) is " \
+           "empty." in line
+    assert "[0:0]" not in line and "point task.data.files.train at a file with rows" in line
+
+
+def test_selecting_from_an_empty_split_never_suggests_an_empty_slice():
+    from marl_llm.config import UserError
+    from marl_llm.tasks.data import parse_split, select
+
+    with pytest.raises(UserError, match="selects no rows: split 'train' of the hub dataset x is empty") as err:
+        select([], parse_split("train[:100]"), "the hub dataset x", "task.data.train_split")
+    assert "[0:0]" not in str(err.value)
+    with pytest.raises(UserError, match=r"has only 10 rows: use e.g. train\[0:10\]"):  # start past the end: from 0
+        select([{}] * 10, parse_split("train[50:100]"), "file f", "task.data.train_split")
+    with pytest.raises(UserError, match=r"use e.g. train\[5:10\]"):
+        select([{}] * 10, parse_split("train[5:100]"), "file f", "task.data.train_split")
+
+
+# --------------------------------------------------------------------- 7. hub model offline
+def test_a_hub_model_with_no_hub_fails_within_seconds(tmp_path):
+    """No HF_HUB_OFFLINE and a hub that refuses connections (no network touched): the hub client
+    alone would retry for about a minute; the probe answers in seconds, with the fix."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env.update(HF_ENDPOINT=closed_port_url(), HF_HOME=str(tmp_path / "hf"), PYTHONUNBUFFERED="1")
+    script = ("import time, torch, transformers\n"
+              "from omegaconf import OmegaConf\n"
+              "from marl_llm.config import UserError\n"
+              "from marl_llm.models import load_base\n"
+              "cfg = OmegaConf.create(dict(name='q', path=None, embedded=False, hub_id='Qwen/Qwen3-1.7B',"
+              " trust_remote_code=False, attn_implementation=None))\n"
+              "start = time.monotonic()\n"
+              "try:\n"
+              "    load_base(None, cfg, torch.device('cpu'), torch.float32)\n"
+              "except UserError as err:\n"
+              "    print(f'{time.monotonic() - start:.2f}', err)\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seconds, message = out.stdout.strip().split(" ", 1)
+    assert float(seconds) < 10
+    assert "'Qwen/Qwen3-1.7B' is not in the local Hugging Face cache and the hub is not reachable" in message
+    assert "model.path=<its local dir>" in message and "model=smollm2_135m" in message
+
+
+def test_a_hub_model_with_no_hub_via_the_cli_is_one_line(tmp_path):
+    env = {"HF_HUB_OFFLINE": "", "HF_ENDPOINT": closed_port_url(), "HF_HOME": str(tmp_path / "hf")}
+    start = time.monotonic()
+    line = one_error_line(run_cli(["logger=none", "model=qwen3_1_7b", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
+                                  env))
+    assert time.monotonic() - start < 45  # startup and task data included; the retries alone took ~55 s
+    assert "not in the local Hugging Face cache" in line and "model.path=" in line
+
+
+def test_a_hub_model_in_the_local_cache_loads_with_no_hub(tmp_path, tiny_model_dir):
+    """The probe sends an unreachable hub to the local HF cache, where a downloaded model is found."""
+    snapshot = tmp_path / "hf" / "hub" / "models--org--tiny" / "snapshots" / ("0" * 40)
+    shutil.copytree(tiny_model_dir, snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env.update(HF_ENDPOINT=closed_port_url(), HF_HOME=str(tmp_path / "hf"))
+    script = ("import torch\n"
+              "from omegaconf import OmegaConf\n"
+              "from marl_llm.models import load_base\n"
+              "cfg = OmegaConf.create(dict(name='t', path=None, embedded=False, hub_id='org/tiny',"
+              " trust_remote_code=False, attn_implementation=None))\n"
+              "model, tok = load_base(None, cfg, torch.device('cpu'), torch.float32)\n"
+              "print(model.config.hidden_size, tok.padding_side)\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["32", "left"]
+
+
+# ------------------------------------------------------------------- 8. lookalike characters
+def test_curly_quotes_are_named_before_hydra_parses(tmp_path):
+    line = one_error_line(run_cli(["logger.group=\u201cexp\u201d", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path))
+    assert "'logger.group=\u201cexp\u201d' has '\u201c' (LEFT DOUBLE QUOTATION MARK) at position 14" in line
+    assert "type the ASCII '\"' instead (logger.group=\"exp\")" in line
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["seed=\uff11\uff12"], "'\uff11' (FULLWIDTH DIGIT ONE) at position 6, which Hydra cannot read: type the ASCII "
+                            "'1' instead (seed=12)"),
+    (["trainer.max_steps=2", "logger.group=\u2018exp\u2019"], "'\u2018' (LEFT SINGLE QUOTATION MARK) at position 14"),
+    (["trainer.max_steps\uff1d3"], "'\uff1d' (FULLWIDTH EQUALS SIGN) at position 18"),
+    (["\u2014cfg", "job"], "type the ASCII '--' instead (--cfg)"),
+    (["logger.group='\u5b9f\u9a13\uff11'"], None),  # inside a quoted value: text, as Hydra reads it
+    (["logger.group=\"say \u201chi\u201d\""], None),
+    (["seed=12", "--cfg", "job"], None),
+])
+def test_lookalike_characters(args, expected):
+    from marl_llm.cli import lookalike_error
+
+    err = lookalike_error(args)
+    if expected is None:
+        assert err is None
+    else:
+        assert expected in err
+
+
+# ------------------------------------------------------------------ 9. the README's quoting
+def test_the_readmes_split_example_survives_the_shell():
+    """The example, split as bash splits it, composes to the split it shows."""
+    from marl_llm.cli import map_overrides
+
+    readme = (REPO / "README.md").read_text()
+    example = re.search(r"quote twice on the\s+command line: `([^`]+)`", readme).group(1)
+    (arg,) = shlex.split(example)
+    assert compose_config(["task=tldr", arg, "run_dir=/tmp/x"]).task.data.eval_split == "test[:8]"
+    files = re.search(r"local files by split name: `([^`]+)`", readme).group(1)
+    cfg = compose_config(map_overrides(["task=tldr", *shlex.split(files), "run_dir=/tmp/x"]))
+    assert dict(cfg.task.data.files) == {"train": "/d/train.jsonl", "test": "/d/test.parquet"}
+
+
+# ----------------------------------------------------------------------- 10. W&B unreachable
+def test_an_unreachable_wandb_server_warns_within_seconds(tmp_path, monkeypatch, capsys):
+    from marl_llm.loggers import RunLogger
+
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", closed_port_url())
+    cfg = compose_config(["logger=wandb", f"run_dir={tmp_path}"])
+    start = time.monotonic()
+    logger = RunLogger(cfg, tmp_path)
+    assert time.monotonic() - start < 15  # wandb.init alone waited ~60-72 s
+    assert logger.wandb is None
+    err = capsys.readouterr().err
+    assert "warning: W&B unavailable (ConnectionError: W&B server http://127.0.0.1:" in err
+    assert "logger.mode=offline" in err and err.strip().count("\n") == 0
+    logger.log("train", {"reward": 1.0}, 1)  # training goes on with the local files
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
