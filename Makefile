@@ -56,5 +56,8 @@ RUNS ?= outputs multirun
 report: setup
 	$(VENV)/bin/marl-llm-report $(RUNS) --out results
 
+# Caches and build artifacts only (the venv included: `make setup` rebuilds it). Runs are never
+# deleted here: outputs/ and multirun/ hold your results; remove them yourself when you mean to.
 clean:
-	rm -rf $(VENV) outputs multirun
+	rm -rf $(VENV) build dist .pytest_cache .ruff_cache .mypy_cache src/*.egg-info *.egg-info
+	find . -path ./outputs -prune -o -path ./multirun -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -67,22 +67,27 @@ def test_multirun_sweeps_seeds(tiny_model_dir, tmp_path):
     assert {p.parent.name for p in metrics} == {"seed=0", "seed=1"}
     # The sweep's runs share one W&B group; each run's name and tags say algorithm, task, model, seed.
     runs = [json.loads(p.with_name("wandb.json").read_text()) for p in metrics]
-    assert {r["group"] for r in runs} == {"sweep-multirun-sweep1"}
-    assert {r["name"] for r in runs} == {"magrpo-humaneval-local-seed0", "magrpo-humaneval-local-seed1"}
+    model = tiny_model_dir.name  # model=local is named after its checkpoint dir
+    assert len({r["group"] for r in runs}) == 1 and runs[0]["group"].startswith(f"magrpo-humaneval-{model}-")
+    assert {r["name"] for r in runs} == {f"magrpo-humaneval-{model}-seed0", f"magrpo-humaneval-{model}-seed1"}
     for r in runs:
-        assert {"algo:magrpo", "task:humaneval", "model:local"} <= set(r["tags"])
+        assert {"algo:magrpo", "task:humaneval", f"model:{model}", "sweep:multirun/sweep1"} <= set(r["tags"])
         assert f"seed:{r['name'][-1]}" in r["tags"] and len(r["id"]) > 4
 
 
 def test_a_single_runs_group_is_shared_by_its_seeds():
     from omegaconf import OmegaConf
 
-    from marl_llm.loggers import run_identity
+    from marl_llm.loggers import config_hash, run_identity
 
     cfg = OmegaConf.create({"algo": {"name": "collm_cc"}, "task": {"name": "strbuild"}, "model": {"name": "smollm2-135m"},
                             "seed": 3, "logger": {"group": None, "tags": ["paper"]}})
     ident = run_identity(cfg)
-    assert ident["group"] == "collm_cc-strbuild" and ident["name"] == "collm_cc-strbuild-smollm2-135m-seed3"
+    assert ident["group"] == f"collm_cc-strbuild-smollm2-135m-{config_hash(cfg)}"
+    assert ident["name"] == "collm_cc-strbuild-smollm2-135m-seed3"
+    cfg.seed = 4
+    assert run_identity(cfg)["group"] == ident["group"]  # the seeds of one setting share the group
+    cfg.seed = 3
     assert ident["tags"] == ["algo:collm_cc", "task:strbuild", "model:smollm2-135m", "seed:3", "paper"]
     cfg.logger.group = "ablation"
     assert run_identity(cfg, "multirun/2026-11-22/10-00-00")["group"] == "ablation"  # an explicit group wins

@@ -121,6 +121,40 @@ def test_split_larger_than_the_file_and_unknown_split_name(tmp_path):
         data.split("eval")
 
 
+def compose_with_files(task: str, files: dict[str, Path | str], *extra: str):
+    """The task config as `marl-llm task=<task> task.data.files={...} <extra>` composes it."""
+    from marl_llm.cli import map_overrides
+
+    listed = ",".join(f"{k}:{v}" for k, v in files.items())
+    args = [f"task={task}", f"task.data.files={{{listed}}}", *extra, "run_dir=/tmp/x"]
+    return compose_config(map_overrides(args)).task
+
+
+@pytest.mark.parametrize("task,names,train,held_out", [
+    ("tldr", ("train", "test"), "train", "test"), ("arxiv", ("train", "val"), "train", "val"),
+    # The papers slice one split for both: a train file is read whole, else eval keeps the
+    # papers' first rows and training takes the rest (never an overlap).
+    ("humaneval", ("train", "test"), "train", "test"), ("humaneval", ("test",), "test[32:]", "test[:32]"),
+    ("coophumaneval", ("test",), "test[16:]", "test[:16]"),
+])
+def test_own_files_default_to_the_whole_files(task, names, train, held_out):
+    cfg = compose_with_files(task, {name: f"/d/{name}.jsonl" for name in names})
+    assert (cfg.data.train_split, cfg.data.eval_split) == (train, held_out)
+
+
+def test_a_small_own_file_trains_unless_the_user_sized_the_split(tmp_path):
+    """The papers' train[:1000] refused every smaller file; without files it is still the split."""
+    train = _write(tmp_path / "train.jsonl", [{"prompt": f"post {i}"} for i in range(3)], "jsonl")
+    test = _write(tmp_path / "test.jsonl", [{"prompt": f"held-out {i}"} for i in range(2)], "jsonl")
+    cfg = compose_with_files("tldr", {"train": train, "test": test})
+    data = TaskData(cfg.data, "tldr", ("prompt",), log=lambda s: None)
+    assert len(data.split("train")) == 3 and len(data.split("eval")) == 2
+    assert compose_config(["task=tldr", "run_dir=/tmp/x"]).task.data.train_split == "train[:1000]"
+    sized = compose_with_files("tldr", {"train": train, "test": test}, "task.data.train_split='train[:1000]'")
+    with pytest.raises(UserError, match=r"train_split='train\[:1000\]'.*only 3 rows"):
+        TaskData(sized.data, "tldr", ("prompt",), log=lambda s: None).split("train")
+
+
 @pytest.mark.parametrize("content,match", [("{not json\n", "line 1 is not valid JSON"), ("", None)])
 def test_corrupt_or_empty_file(tmp_path, content, match):
     path = tmp_path / "t.jsonl"

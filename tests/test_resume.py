@@ -186,6 +186,14 @@ def test_which_config_changes_a_resume_compares():
     assert not free_on_resume("trainer.max_steps", cosine) and free_on_resume("trainer.eval_k", cosine)
 
 
+def test_settings_added_to_marl_llm_since_a_checkpoint_do_not_block_its_resume():
+    from marl_llm.checkpoint import added_setting
+
+    cfg = compose_config(["algo=magrpo", "task=humaneval", "run_dir=/tmp/x"])
+    assert added_setting("task.sandbox.tmp_mb", cfg) and added_setting("algo.learning_rate", cfg)
+    assert not added_setting("algo.policy_map.tool", cfg)  # a key added to a map is a real change
+
+
 @pytest.mark.slow
 def test_ctrl_c_prints_one_line_whose_command_continues_the_run(tiny_model_dir, tmp_path):
     """SIGINT during training (the real console script): exit code 130, no traceback, one line

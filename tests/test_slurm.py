@@ -87,7 +87,8 @@ def test_partition_and_account_come_from_the_local_config(tmp_path):
     assert cfg.hydra.launcher.partition == "debug" and cfg.hydra.launcher.account == "proj-42"
 
 
-@pytest.mark.parametrize("launcher", [None, "basic", "local", "submitit_local", "slurm", "slurm_multigpu"])
+@pytest.mark.parametrize("launcher", [None, "basic", "local", "submitit_local", "slurm", "slurm_multigpu",
+                                      "slurm_gres"])
 def test_the_example_local_config_composes_with_every_launcher(tmp_path, launcher):
     example = (REPO / "conf" / "local" / "default.example.yaml").read_text()
     cfg = compose_hydra(conf_copy(tmp_path, example), [f"hydra/launcher={launcher}"] if launcher else [])
@@ -142,6 +143,28 @@ def test_a_sweep_submits_one_job_array_with_the_local_settings(tmp_path):
     assert "torchrun" not in script
 
 
+def test_the_gres_preset_sets_gpus_and_ranks_with_one_key(tmp_path):
+    """Clusters that take GPUs as --gres=gpu:<n>: `slurm_gres` and one override,
+    hydra.launcher.tasks_per_node=<n>, give n GPUs and n ranks, without --gpus-per-node."""
+    bin_dir, sweep = tmp_path / "bin", tmp_path / "multirun" / "sweep1"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {tmp_path}/job.sh\n'
+                                    'echo "sbatch: error: refused (test)" >&2\nexit 1\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    out = subprocess.run([CLI, "-m", "--config-dir", str(conf_copy(tmp_path)), "hydra/launcher=slurm_gres", "seed=0,1",
+                          "hydra.launcher.tasks_per_node=4", f"hydra.sweep.dir={sweep}"],
+                         cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert "refused (test)" in out.stderr, out.stderr[-3000:]
+    script = (tmp_path / "job.sh").read_text()
+    assert "#SBATCH --gres=gpu:4\n" in script and "#SBATCH --ntasks-per-node=4\n" in script, script
+    assert "--gpus-per-node" not in script
+    cfg = compose_hydra(conf_copy(tmp_path / "2"), ["hydra/launcher=slurm_gres"])
+    assert (cfg.hydra.launcher.gres, cfg.hydra.launcher.tasks_per_node) == ("gpu:1", 1)
+
+
 def run_sweep(args: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
     """Run the CLI in its own process group: submitit's local controllers and job processes stay
     in it, so a timeout kills them all (they ignore SIGTERM, and outlive the CLI otherwise)."""
@@ -178,9 +201,11 @@ def test_submitit_local_sweep_end_to_end(tmp_path):
         rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert any("train/reward" in r for r in rows) and any("eval/pass@1" in r for r in rows)
         assert list((run_dir / "wandb").glob("offline-run-*")), "W&B should have logged offline"
-    # One W&B group for the sweep; the names differ by seed only.
+    # One setting, two seeds: one W&B group (the config but the seed); the names differ by seed only.
     runs = [json.loads(p.with_name("wandb.json").read_text()) for p in metrics]
-    assert {r["group"] for r in runs} == {"sweep-multirun-sweep1"}
+    assert len({r["group"] for r in runs}) == 1
+    assert runs[0]["group"].startswith("magrpo-humaneval-smollm2-135m-instruct-")
+    assert all("sweep:multirun/sweep1" in r["tags"] for r in runs)
     assert {r["name"] for r in runs} == {"magrpo-humaneval-smollm2-135m-instruct-seed0",
                                         "magrpo-humaneval-smollm2-135m-instruct-seed1"}
     assert runs[0]["id"] != runs[1]["id"]

@@ -15,6 +15,7 @@ settings that change training are refused unless trainer.resume_allow_changes na
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import random
@@ -129,7 +130,8 @@ def read_checkpoint(run_dir: Path, main: bool = True) -> dict[str, Any] | None:
             raise UserError(f"no usable checkpoint in {run_dir}: {CHECKPOINT} is {why}, {PREVIOUS} is {why_previous}; "
                             "start a new run dir (leave hydra.run.dir unset, or name a new one)")
         if main:
-            print(f"[marl-llm] warning: {path} is {why}; resuming from {PREVIOUS} (step {previous['step']})", flush=True)
+            logging.getLogger("marl_llm").warning(f"warning: {path} is {why}; resuming from {PREVIOUS} "
+                                                  f"(step {previous['step']})")
         ckpt, path = previous, run_dir / PREVIOUS
     ckpt["path"] = str(path)
     return ckpt
@@ -186,6 +188,10 @@ FREE_ON_RESUME = (
     "trainer.distributed_timeout_min", "trainer.vllm_gpu_memory_utilization", "trainer.vllm_sleep", "trainer.fsdp",
     "trainer.fsdp_unshard_rollout",
     "model.device", "model.attn_implementation",
+    "model.name",  # a label (runs from before model=local was named after its checkpoint dir)
+    "trainer.export_agents", "trainer.export_with_checkpoints",  # what is written at the end, not how it trains
+    "trainer.threads", "trainer.progress", "trainer.progress_every_s",  # speed and console only
+    "task.sandbox.workers", "task.sandbox.isolation",  # how programs are run, not what they score
 )
 ABSENT = "(absent)"  # a key one of the two configs does not have (a setting added since, another algo's)
 
@@ -218,6 +224,15 @@ def free_on_resume(key: str, old_config: dict[str, Any]) -> bool:
     return any(_covers(entry, key) for entry in FREE_ON_RESUME)
 
 
+def added_setting(key: str, cfg: DictConfig) -> bool:
+    """A config field the checkpoint's marl-llm did not have yet (its behaviour then was the
+    field's default); a key added to a map (algo.policy_map.<agent>) is not one."""
+    from marl_llm.cli import _chosen_schemas, _walk
+
+    schemas, _ = _chosen_schemas([f"algo={cfg.algo.get('name')}", f"task={cfg.task.get('name')}"])
+    return _walk(key, schemas, False)[0] == "ok"
+
+
 def _show(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
@@ -236,6 +251,7 @@ def check_resume_config(ckpt: dict[str, Any], cfg: DictConfig) -> dict[str, tupl
         raise UserError(f"trainer.resume_allow_changes names {', '.join(unknown)}, which is no config key: name "
                         "keys (algo.learning_rate) or sections (algo), or [all]")
     refused = [k for k in changes if not free_on_resume(k, old)
+               and not (changes[k][0] == ABSENT and added_setting(k, cfg))
                and not any(a == "all" or _covers(a, k) for a in allowed)]
     if refused:
         listed = ", ".join(f"{k} {_show(changes[k][0])} -> {_show(changes[k][1])}" for k in refused)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Dict
 
 import hydra
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from marl_llm.config import (ALGO_SCHEMAS, TASK_SCHEMAS, ClusterConfig, LoggerConfig, ModelConfig, TrainerConfig,
@@ -45,11 +46,81 @@ def compose_config(overrides: list[str]) -> DictConfig:
 
 
 register_configs()
+# hydra/job_logging=marl_llm (chosen in conf/config.yaml): the console shows the trainer's lines as
+# `[marl-llm] <message>` (Hydra's default prefixes each with a date, the logger name and the level),
+# and the job log <run dir>/<job name>.log keeps the same lines with their time and level.
+JOB_LOGGING = {
+    "version": 1,
+    "formatters": {"console": {"format": "[marl-llm] %(message)s"},
+                   "file": {"format": "[%(asctime)s][%(levelname)s][%(name)s] %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "console", "stream": "ext://sys.stdout"},
+                 "file": {"class": "logging.FileHandler", "formatter": "file",
+                          "filename": "${hydra.runtime.output_dir}/${hydra.job.name}.log"}},
+    "root": {"level": "INFO", "handlers": ["console", "file"]},
+    "disable_existing_loggers": False,
+}
+ConfigStore.instance().store(group="hydra/job_logging", name="marl_llm", node=JOB_LOGGING, provider="marl_llm")
 # Sweep subdirs: <overrides>/seed=<s>, so the seeds of one configuration sit side by side (and a
 # seed-only sweep gets seed=<s>, not an absolute "/seed=<s>").
 OmegaConf.register_new_resolver(
     "marl_llm_sweep_subdir", lambda overrides, seed: f"{overrides}/seed={seed}" if overrides else f"seed={seed}",
     replace=True)
+RUN_DIR_NOT_MADE = "<made when the run starts: hydra.run.dir>"
+
+
+def run_dir_of_job() -> str:
+    """`run_dir`: the dir Hydra made for this job. `--cfg job --resolve` and `--info` print the config
+    without making one; they show this placeholder instead of failing. Outside Hydra (compose in
+    tests and tools) it fails as before: such callers set run_dir themselves."""
+    from hydra.core.hydra_config import HydraConfig
+
+    made = OmegaConf.select(HydraConfig.get(), "runtime.output_dir", default=None)  # None or ??? until made
+    return RUN_DIR_NOT_MADE if made is None else str(made)
+
+
+def model_dir_name(path: Any) -> str:
+    """`model=local`'s name: its checkpoint directory's name (`/data/Qwen2.5-Coder-3B` ->
+    Qwen2.5-Coder-3B), so that runs, W&B names and reports say which model it is."""
+    return Path(os.path.expanduser(str(path))).name or str(path)
+
+
+def data_split(role: str, train_split: str, eval_split: str, files: Any) -> str:
+    from marl_llm.tasks.data import default_split  # light, but not needed for --help
+
+    return default_split(role, train_split, eval_split, dict(files or {}))
+
+
+def public_config_groups() -> str:
+    """The `--help` listing of the groups a user picks from: Hydra's own listing without the
+    private parts (`_matched_*`, shared by presets), the dataclass schemas (`*_schema`) and
+    example files, plus the launcher presets (`hydra/launcher`)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    if not GlobalHydra.instance().is_initialized():  # the help template resolved outside Hydra
+        return "(the groups: marl-llm --help)"
+    loader = GlobalHydra.instance().config_loader()
+
+    def groups(parent: str = "") -> list[str]:
+        found = []
+        for child in loader.list_groups(parent):
+            name = f"{parent}/{child}" if parent else child
+            found += [name, *groups(name)]
+        return found
+
+    lines = []
+    for group in sorted(g for g in groups() if not g.startswith("hydra") or g == "hydra/launcher"):
+        options = [o for o in sorted(loader.get_group_options(group, ObjectType.CONFIG))
+                   if not o.startswith("_") and not o.endswith(("_schema", ".example"))]
+        if options:
+            lines.append(f"{group}: {', '.join(options)}")
+    return "\n".join(lines)
+
+
+OmegaConf.register_new_resolver("marl_llm_run_dir", run_dir_of_job, replace=True)
+OmegaConf.register_new_resolver("marl_llm_model_dir_name", model_dir_name, replace=True)
+OmegaConf.register_new_resolver("marl_llm_data_split", data_split, replace=True)
+OmegaConf.register_new_resolver("marl_llm_config_groups", public_config_groups, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")

@@ -473,6 +473,11 @@ class TrainerConfig:
     compile_decode: bool = False
     # Save a checkpoint every N steps (0: only at the end).
     save_every: int = 0
+    # Write the trained agents in the formats their users load (<run_dir>/agents/: a peft adapter
+    # dir per policy, or full models with algo.lora=null; export.py) at the end of training, and
+    # with every checkpoint when export_with_checkpoints.
+    export_agents: bool = True
+    export_with_checkpoints: bool = False
     # Continue the run in <run_dir> from its checkpoint: true (refused when there is none),
     # if_possible (without a checkpoint, start over in the dir, moving its earlier logs aside; what
     # a requeued SLURM job does by itself) or false (a fresh run: refused in a dir that holds one).
@@ -515,6 +520,14 @@ class TrainerConfig:
     # every layer at every decode step, and free it before the update. Costs a whole copy of the
     # base on every rank during rollouts; false keeps only the shards (and all-gathers per pass).
     fsdp_unshard_rollout: bool = True
+    # Torch's CPU threads: auto = the fewer of torch's default and the physical cores this process
+    # may use (its CPU affinity, e.g. SLURM's --cpus-per-task, and a cgroup CPU quota), or a number.
+    # On a box that other jobs keep busy, fewer threads can be many times faster (README).
+    threads: Any = "auto"
+    # Console progress: auto (bars on a terminal; elsewhere, e.g. a SLURM log, a status line every
+    # progress_every_s seconds on stderr) | bars | lines | off.
+    progress: str = "auto"
+    progress_every_s: float = 30.0
 
 
 # -------------------------------------------------------------------------------------- cluster

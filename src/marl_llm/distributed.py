@@ -219,7 +219,7 @@ def barrier() -> None:
 # over the ranks that report the key (a rank whose episodes all ended early lacks later turns).
 def _combine(key: str, values: list[float]) -> float:
     leaf = key.rsplit("/", 1)[-1]
-    if leaf in ("num_tokens", "joint_actions") or key.startswith("perf/throughput") or key.endswith("tokens_per_s"):
+    if leaf in ("num_tokens", "prompt_tokens", "joint_actions") or key.startswith("perf/throughput") or key.endswith("tokens_per_s"):
         return float(sum(values))
     if leaf.startswith("max_") or leaf in ("peak_rss_gib", "peak_gpu_mem_gib") or key in ("step_time", "perf/time_per_step") \
             or key.startswith("timing/"):

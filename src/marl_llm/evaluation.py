@@ -3,6 +3,7 @@ Large Language Models Trained on Code") and reward-level metrics shared with tra
 
 from __future__ import annotations
 
+import logging
 import statistics
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -12,6 +13,9 @@ if TYPE_CHECKING:
     from marl_llm.tasks.base import Problem
 
 __all__ = ["pass_at_k", "mean_pass_at_k", "reward_metrics", "level_metrics", "evaluate"]
+
+# The console's progress (rollout.PROGRESS, by name: this module stays free of torch).
+PROGRESS = logging.getLogger("marl_llm.progress")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -98,6 +102,7 @@ def evaluate(algo: "Algorithm", problems: "list[Problem]", trainer_cfg: Any) -> 
 
     task, num_turns, sampling = algo.task, algo.eval_turns, algo.agent_sampling()
     greedy = [replace(s, temperature=0.0) for s in sampling]
+    PROGRESS.debug("phase", extra={"phase": "greedy rollout"})
     tree = algo.rollout_tree(problems, [1] * num_turns, greedy)
     final = _final_nodes(tree)
     metrics: dict[str, float] = {"reward": sum(n.reward.total for n in final) / len(final)}
@@ -120,6 +125,7 @@ def evaluate(algo: "Algorithm", problems: "list[Problem]", trainer_cfg: Any) -> 
 
     n_samples = trainer_cfg.eval_num_samples
     if n_samples > 0 and success == "pass@1":
+        PROGRESS.debug("phase", extra={"phase": f"sampled rollout (pass@k, {n_samples} per problem)"})
         sampled = algo.rollout_tree(problems, [n_samples] + [1] * (num_turns - 1), sampling)
         final_s = _final_nodes(sampled)
         if all(n.reward.passed is not None for n in final_s):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
@@ -29,6 +30,11 @@ from marl_llm.mixed_lora import MixedLoRA, has_adapters
 from marl_llm.models import AgentPolicies
 from marl_llm.prompting import encode_prompt
 
+# Progress events for whoever watches the run (the console's progress, trainer.Watch, which lists
+# them): debug records of a logger that nothing prints, enabled only while watched. Other modules
+# report by the logger's name without importing this one.
+PROGRESS = logging.getLogger("marl_llm.progress")
+PROGRESS.propagate = False
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -216,6 +222,7 @@ class HFRollout:
         """The adapters are the trainer's own tensors: nothing to sync (a vLLM rollout would push them)."""
 
     def generate(self, requests: list[GenRequest]) -> list[Completion]:
+        PROGRESS.debug("generate", extra={"sequences": len(requests)})
         out: list[Completion | None] = [None] * len(requests)
         by_model: dict[int, list[int]] = {}
         for j, r in enumerate(requests):
@@ -223,8 +230,12 @@ class HFRollout:
         for k, rows in by_model.items():
             for start in range(0, len(rows), self.max_batch):
                 chunk = rows[start:start + self.max_batch]
-                for j, c in zip(chunk, self._generate_chunk(k, [requests[j] for j in chunk])):
+                completions = self._generate_chunk(k, [requests[j] for j in chunk])
+                for j, c in zip(chunk, completions):
                     out[j] = c
+                PROGRESS.debug("generated", extra={"sequences": len(chunk),
+                                                   "tokens": sum(len(c.completion_ids) for c in completions)})
+        PROGRESS.debug("generate done")
         return out  # type: ignore[return-value]
 
     def _generate_chunk(self, k: int, requests: list[GenRequest]) -> list[Completion]:
@@ -473,6 +484,8 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
                 break
             if (t + 1) % COMPACT_EVERY == 0:
                 done = finished.tolist()  # the loop's only device read
+                # about the tokens of the last COMPACT_EVERY steps (rows that ended within them count whole)
+                PROGRESS.debug("decoding", extra={"tokens": len(rows) * COMPACT_EVERY})
                 if all(done):
                     break
                 end = max(max_new[r] for r, d in zip(rows, done) if not d)
@@ -536,6 +549,8 @@ def completion_logprobs(model, prompts: list[torch.Tensor], completions: list[to
     and its KV cache reused for all of them (gradients flow through the cache); the result is
     the same. (Not on an FSDP-sharded model: its lockstep wants one forward pass per backward.)
     """
+    if torch.is_grad_enabled():  # a micro-batch of an update (passes without gradients are not counted)
+        PROGRESS.debug("micro-batch", extra={"sequences": len(prompts)})
     device = next(model.parameters()).device
     head = scoring.lm_head(model)  # None: the model's own logits
     shared = None

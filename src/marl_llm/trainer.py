@@ -10,18 +10,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
+import math
 import os
 import random
 import resource
 import shlex
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -35,12 +39,17 @@ from marl_llm.checkpoint import check_resume_config, read_checkpoint, restore_ch
 from marl_llm.config import UserError, validate
 from marl_llm.episodes import JointTree
 from marl_llm.evaluation import evaluate
+from marl_llm.export import export_agents
 from marl_llm.loggers import NullLogger, RunLogger
 from marl_llm.models import (AgentPolicies, check_device_for_ranks, check_trainable_dtype, resolve_device,
                              resolve_dtype)
-from marl_llm.rollout import HFRollout, Rollout, sample_key
+from marl_llm.rollout import PROGRESS, HFRollout, Rollout, sample_key
 from marl_llm.tasks import Problem, build_task
 from marl_llm.tasks.turn_based import TurnTask
+
+# What the console shows and the run dir's job log keeps (the console script's logging is Hydra's:
+# hydra/job_logging=marl_llm, cli.JOB_LOGGING).
+log = logging.getLogger("marl_llm")
 
 
 def quiet_libraries() -> None:
@@ -83,6 +92,51 @@ def gradient_checkpointing(setting: Any, device: torch.device, num_params: int) 
     return bool(setting)
 
 
+def cgroup_cpu_quota() -> float | None:
+    """CPUs' worth of time a cgroup quota allows this process (docker --cpus, a Kubernetes limit),
+    or None when there is none (cgroup v2 cpu.max, else v1 cpu.cfs_quota_us)."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text().strip()
+            period = Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    if quota in ("max", "-1") or float(period) <= 0:
+        return None
+    return float(quota) / float(period)
+
+
+def available_cores() -> int:
+    """Physical cores this process may run on: its CPU affinity (SLURM's --cpus-per-task, taskset)
+    with the hyper-threads of one core counted once, at most a cgroup quota's CPUs."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add((topology / "physical_package_id").read_text().strip() + "/"
+                      + (topology / "core_id").read_text().strip())
+        except OSError:  # no sysfs topology: count the CPU
+            cores.add(f"cpu{cpu}")
+    quota = cgroup_cpu_quota()
+    return max(1, min(len(cores), math.ceil(quota)) if quota else len(cores))
+
+
+def torch_threads(setting: Any) -> int:
+    """trainer.threads resolved: a number as given; auto: the fewer of torch's default
+    (OMP_NUM_THREADS, else the machine's cores, whatever the process may use) and
+    available_cores(). More threads than cores the process gets make every parallel region wait
+    for threads that are not running."""
+    if str(setting).lower() == "auto":
+        return min(torch.get_num_threads(), available_cores())
+    if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1:
+        return setting
+    raise UserError(f"trainer.threads={setting} is not a choice: auto (the physical cores this process may use, at "
+                    f"most torch's default) or a number of threads, e.g. trainer.threads=1")
+
+
 def batch_for_step(problems: list[Problem], step: int, size: int, seed: int) -> list[Problem]:
     """The step's problems: epoch-wise shuffles derived from (seed, epoch), so the data order is
     a pure function of the step and a resumed run sees exactly the batches it would have seen.
@@ -119,6 +173,254 @@ def sample_rows(tree: JointTree, agent_names: list[str], n: int) -> list[dict[st
         row["levels"] = node.reward.levels
         rows.append(row)
     return rows
+
+
+# ------------------------------------------------------------------------------------- console
+def _prints_to_console(logger: logging.Logger, inherited: bool = True) -> bool:
+    """Does a record of `logger` reach a handler that writes to the console (the current stdout or
+    stderr), one of its own or (inherited) of its parents? Pytest's capturing handlers and file
+    handlers do not count."""
+    console = (sys.stdout, sys.stderr)
+    node: logging.Logger | None = logger
+    while node is not None:
+        if any(isinstance(h, logging.StreamHandler) and h.stream in console for h in node.handlers):
+            return True
+        node = node.parent if inherited and node.propagate else None
+    return False
+
+
+@contextlib.contextmanager
+def console_logging() -> Iterator[None]:
+    """The run's lines go through `log`. The console script's are Hydra's to print and keep
+    (hydra/job_logging=marl_llm: the console and <run dir>/<job>.log); train() called in-process
+    (tests, notebooks) gets a console handler of the same format for the run's duration."""
+    level = log.level
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
+    handler = None
+    if not _prints_to_console(log):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("[marl-llm] %(message)s"))
+        log.addHandler(handler)
+    try:
+        yield
+    finally:
+        if handler is not None:
+            log.removeHandler(handler)
+        log.setLevel(level)
+
+
+def duration(seconds: float) -> str:
+    """45s, 7m30s, 2h05m."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+# The bars mode's second bar during a generate call.
+GENERATING_BAR = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} sequences [{elapsed}<{remaining}{postfix}]"
+
+
+class Watch(logging.Handler):
+    """The console's progress (trainer.progress): the training steps with their ETA and what runs
+    within a step or an evaluation. On a terminal (bars): tqdm bars on stderr, the log lines
+    printed above them. Elsewhere (lines: a SLURM log, a pipe): a status line on stderr every
+    trainer.progress_every_s seconds while a step or an evaluation runs, so a slow one never
+    leaves the log silent. The trainer says what runs (begin, step_done, end); the work reports
+    through the events of rollout.PROGRESS (debug records, their numbers in `extra`):
+
+        phase {phase}                   a part starts: rollout, update, greedy / sampled rollout
+        generate {sequences}            a generate call for that many sequences starts
+        decoding {tokens}               about the tokens decoded since the last report
+        generated {sequences, tokens}   a chunk of the call's sequences is done
+        generate done                   the call is done: what follows in a rollout scores rewards
+        micro-batch {sequences}         a forward/backward pass of an update starts
+        sandbox job                     a sandboxed program finished (reward scoring)
+    """
+
+    def __init__(self, mode: str, every_s: float, max_steps: int = 0, done_steps: int = 0):
+        super().__init__(logging.DEBUG)
+        if mode not in ("auto", "bars", "lines", "off"):
+            raise UserError(f"trainer.progress={mode} is not a choice: auto (bars on a terminal, else lines), bars, "
+                            "lines (a status line every trainer.progress_every_s seconds) or off")
+        if not every_s > 0:
+            raise UserError(f"trainer.progress_every_s={every_s} must be > 0 (seconds between status lines), "
+                            "e.g. trainer.progress_every_s=60")
+        self.stream = sys.stderr
+        self.mode = ("bars" if self.stream.isatty() else "lines") if mode == "auto" else mode
+        self.every_s, self.max_steps, self.done_steps = every_s, max_steps, done_steps
+        self.step_times: list[float] = []
+        self.context: str | None = None  # what runs: "step 3/10", "eval @ step 0"; None: nothing
+        self._shown: tuple | None = None  # what the bars mode's second bar shows
+        self._stop = threading.Event()
+        self._exit = contextlib.ExitStack()
+
+    # -- the trainer's side
+    def start(self, max_steps: int, done_steps: int) -> None:
+        """Watch a run of `max_steps` steps, `done_steps` of them done (a resumed run)."""
+        self.max_steps, self.done_steps = max_steps, done_steps
+        PROGRESS.addHandler(self)  # also when off: the step line's tokens/s are counted here
+        PROGRESS.setLevel(logging.DEBUG)
+        self._exit.callback(PROGRESS.removeHandler, self)
+        self._exit.callback(PROGRESS.setLevel, logging.NOTSET)
+        if self.mode == "off":
+            return
+        if self.mode == "bars":
+            from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            # Log lines to the console go through tqdm.write, above the bars (not through them).
+            self._exit.enter_context(logging_redirect_tqdm(
+                [logger for logger in (logging.getLogger(), log) if _prints_to_console(logger, inherited=False)]))
+            self.steps_bar = tqdm(total=self.max_steps, initial=self.done_steps, desc="training", unit="step",
+                                  file=self.stream, position=0, dynamic_ncols=True)
+            self.bar = tqdm(bar_format="{desc}", file=self.stream, position=1, leave=False, dynamic_ncols=True)
+            self._exit.callback(self.steps_bar.close)
+            self._exit.callback(self.bar.close)
+        beat = threading.Thread(target=self._beat, name="marl-llm-progress", daemon=True)
+        beat.start()
+        self._exit.callback(beat.join)
+        self._exit.callback(self._stop.set)
+
+    def stop(self) -> None:
+        self._exit.close()
+
+    def begin(self, context: str) -> None:
+        """A training step ("step 3/10") or an evaluation ("eval @ step 0") starts."""
+        with self.lock:
+            self.context, self.started = context, time.monotonic()
+            self.last_line = self.started
+            self.phase, self.activity = "", ""
+            self.requested = self.sequences = self.tokens = self.decoding = 0
+            self.generate_s, self.generating_since = 0.0, None
+            self.micro_batches = self.jobs = 0
+            self._show()
+
+    def end(self) -> None:
+        with self.lock:
+            self.context = None
+            self._show()
+
+    def step_done(self, seconds: float) -> None:
+        with self.lock:
+            self.step_times.append(seconds)
+            self.done_steps += 1
+            self.context = None
+            if self.mode == "bars":
+                self.steps_bar.update(1)
+            self._show()
+
+    def eta_s(self) -> float | None:
+        """Seconds until the last step (the mean step time so far; evaluations not counted)."""
+        if not self.step_times:
+            return None
+        return (self.max_steps - self.done_steps) * sum(self.step_times) / len(self.step_times)
+
+    def tokens_per_s(self) -> float | None:
+        """Generated tokens per second of generation in what ran last (None: nothing generated)."""
+        seconds = self.generate_s + (time.monotonic() - self.generating_since if self.generating_since else 0.0)
+        tokens = self.tokens + self.decoding
+        return tokens / seconds if tokens and seconds > 0 else None
+
+    # -- the work's side (rollout.PROGRESS)
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.context is None:
+            return
+        event, x = record.getMessage(), record.__dict__
+        now = time.monotonic()
+        if event == "phase":
+            self.phase, self.activity = x["phase"], ""
+        elif event == "generate":
+            self.activity, self.requested, self.sequences = "generating", x["sequences"], 0
+            self.generating_since = now
+        elif event == "decoding":
+            self.decoding += x["tokens"]
+        elif event == "generated":
+            self.sequences += x["sequences"]
+            self.tokens += x["tokens"]
+            self.decoding = 0  # the chunk's exact count replaces the estimate
+        elif event == "generate done" and self.generating_since is not None:
+            self.generate_s += now - self.generating_since
+            self.generating_since, self.activity = None, "scoring rewards"
+        elif event == "micro-batch":
+            self.activity = "update"
+            self.micro_batches += 1
+        elif event == "sandbox job":
+            self.jobs += 1
+        self._show()
+
+    # -- what the console shows
+    def _what(self) -> str:
+        """What runs now, in words: "step 3/10, rollout: generating 24/32 sequences, ..."."""
+        what = f"{self.context}, {self.phase}" if self.phase else self.context
+        if self.activity == "generating":
+            rate = self.tokens_per_s()
+            what += (f": generating {self.sequences}/{self.requested} sequences, {self.tokens + self.decoding} tokens"
+                     + (f" at {rate:.1f} tokens/s" if rate else ""))
+        elif self.activity == "scoring rewards":
+            what += ": scoring rewards" + (f", sandbox jobs done: {self.jobs}" if self.jobs else "")
+        elif self.activity == "update":
+            what += f": micro-batches: {self.micro_batches}"
+        return what
+
+    def status(self) -> str:
+        """The lines mode's status line: what runs, for how long, and the training's ETA."""
+        eta = self.eta_s() if self.context.startswith("step") else None
+        return (f"{self._what()} ({duration(time.monotonic() - self.started)} in"
+                + (f"; ETA {duration(eta)})" if eta is not None else ")"))
+
+    def _show(self) -> None:
+        """The bars mode's second bar: the sequences of a generate call as a bar (with tokens and
+        tokens/s), anything else as its words and clock."""
+        if self.mode != "bars":
+            return
+        bar, generating = self.bar, self.activity == "generating"
+        if generating:
+            rate = self.tokens_per_s()
+            bar.set_description_str(f"{self.context}, {self.phase}: generating", refresh=False)
+            bar.set_postfix_str(f"{self.tokens + self.decoding} tokens" + (f", {rate:.1f} tokens/s" if rate else ""),
+                                refresh=False)
+        else:
+            bar.set_description_str(self._what() if self.context else "", refresh=False)
+            bar.set_postfix_str("", refresh=False)
+        shown = (self.context, self.phase, self.activity, self.requested if generating else None)
+        if shown != self._shown:  # something else runs: its own count and clock
+            self._shown = shown
+            bar.bar_format = GENERATING_BAR if generating else "{desc}" + (" [{elapsed}]" if self.context else "")
+            bar.total, bar.unit = (self.requested, "seq") if generating else (None, "it")
+            bar.reset()
+        bar.n = self.sequences if generating else 0
+        bar.refresh()
+
+    def _beat(self) -> None:
+        """Every second: the bars' clocks move; a status line when one is due (lines)."""
+        while not self._stop.wait(min(1.0, self.every_s)):
+            with self.lock:
+                if self.context is None:
+                    continue
+                if self.mode == "bars":
+                    self._show()
+                elif time.monotonic() - self.last_line >= self.every_s:
+                    print(f"[marl-llm] {self.status()}", file=self.stream, flush=True)
+                    self.last_line = time.monotonic()
+
+
+def step_line(step: int, max_steps: int, metrics: dict[str, float], agents: list[str],
+              tokens_per_s: float | None, eta_s: float | None) -> str:
+    """The console's line of a training step (README, "Reading the console"). No `loss`: on an
+    on-policy step the ratio is 1 in value, so the loss's value is only minus the length-weighted
+    mean advantage (0 for a group's zero-sum advantages over completions of one length); its
+    gradient is what moves the policies, so grad_norm stands for it."""
+    keys = ("reward", *(f"{a}/reward" for a in agents), "reward_std", "frac_reward_zero_std", "pass@1",
+            "success_rate", "grad_norm", "entropy", "completions/mean_length")
+    line = f"step {step}/{max_steps}: {_fmt(metrics, keys)}"
+    if tokens_per_s:
+        line += f"  tokens/s={tokens_per_s:.4g}"
+    line += f"  step_time={metrics['step_time']:.4g}"
+    return line + (f"  eta={duration(eta_s)}" if eta_s is not None and step < max_steps else "")
 
 
 @dataclass
@@ -198,11 +500,13 @@ def train_step(run: Setup, cfg: DictConfig, step: int,
     t0 = run.meter.start_step()  # synchronized clock (CUDA); resets the peak-memory statistic
     if problems is None:
         problems = distributed.shard(batch_for_step(run.train_set, step, cfg.trainer.prompts_per_step, cfg.seed))
+    PROGRESS.debug("phase", extra={"phase": "rollout"})  # the console's progress (Watch)
     with fsdp.unsharded(policies, cfg.trainer.fsdp_unshard_rollout):  # every rank collects once per step
         tree = algo.collect(problems)
     if hasattr(run.rollout, "release"):  # vLLM sleeps: the update gets its GPU memory
         run.rollout.release()
     t_rollout = run.meter.mark("rollout")
+    PROGRESS.debug("phase", extra={"phase": "update"})
     batches = algo.advantages(tree)
     stats = algo.update(batches, end_of_epoch=ends_epoch(step, cfg.trainer.prompts_per_step, len(run.train_set),
                                                          run.max_steps))
@@ -276,27 +580,33 @@ def train(cfg: DictConfig) -> float:
     """One run (see the module's docstring). Ctrl-C raises rundir.Interrupted, whose message says
     where the run stopped and how to continue it, after the loggers and process group are closed."""
     progress = Progress()
+    threads = torch.get_num_threads()  # trainer.threads is the run's: an in-process caller gets its own back
     try:
-        return _train(cfg, progress)
+        with console_logging():
+            return _train(cfg, progress)
     except KeyboardInterrupt:
         distributed.shutdown()  # as on an error before the loop (the loop's own cleanup has run)
         if progress.run_dir is None:
             raise  # before this run had a dir: nothing to continue
         raise rundir.Interrupted(interrupted_line(progress), progress.main) from None
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _train(cfg: DictConfig, progress: Progress) -> float:
     validate(cfg)
     resume = resume_mode(cfg)
     quiet_libraries()
+    torch.set_num_threads(torch_threads(cfg.trainer.threads))  # before any model loads
     w = join_world(cfg)
     # Every rank writes to (and resumes from) rank 0's run dir; only rank 0 writes anything.
     run_dir = Path(distributed.broadcast_object(str(cfg.run_dir)))
     tc = cfg.trainer
+    watch = Watch(tc.progress if w.is_main else "off", tc.progress_every_s)
 
     def say(msg: str) -> None:
         if w.is_main:
-            print(f"[marl-llm] {msg}", flush=True)
+            log.info(msg)
 
     # The checkpoint is read (and the config compared with its own) before the model loads: a
     # refused resume costs seconds. Every rank reads it.
@@ -354,7 +664,7 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
     t_start = time.perf_counter()
     say(f"{cfg.algo.name} on {cfg.task.name}: agents {', '.join(task.agent_names)} on "
         f"{cfg.model.name} [{', '.join(m.get_base_model().name_or_path for m in policies.models)}] "
-        f"({policies.device}, {policies.dtype}); run dir {run_dir}"
+        f"({policies.device}, {policies.dtype}, torch threads: {torch.get_num_threads()}); run dir {run_dir}"
         + (f"; {w.size} data-parallel processes" if w.size > 1 else ""))
     if run.sharding:
         say(run.sharding)
@@ -370,21 +680,30 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
         # Every rank gathers the sharded base (a collective); rank 0 then decodes without rounds.
         with fsdp.unsharded(policies, tc.fsdp_unshard_rollout):
             if w.is_main:
+                watch.begin(f"eval @ step {step}")
                 metrics, rows = evaluate(algo, eval_set, tc)
+                watch.end()
                 logger.log("eval", metrics, step)
                 logger.log_samples("eval", rows[: cfg.logger.sample_rows], step)
                 say(f"eval @ step {step}: " + _fmt(metrics, ("reward", "pass@1", "success_rate")))
         distributed.barrier()
         return metrics
 
-    def checkpoint(step: int) -> None:
-        """Rank 0 saves (the ranks' states are equal); the others wait, so none runs ahead."""
+    def checkpoint(step: int, final: bool = False) -> None:
+        """Rank 0 saves (the ranks' states are equal); the others wait, so none runs ahead. The
+        final save (each save with trainer.export_with_checkpoints) also exports the agents."""
         if w.is_main:
             path = save_checkpoint(run_dir, cfg, policies, step, logger.wandb_id, algo.state_dict())
             progress.checkpoint = (step, str(path))
+            if (final and tc.export_agents) or tc.export_with_checkpoints:
+                try:  # a full disk must not cost the run its evaluation: the checkpoint holds the agents
+                    say(f"agents of step {step} written to {export_agents(run_dir, cfg, policies, step)}")
+                except OSError as err:
+                    say(f"warning: the agents of step {step} were not exported ({err}); the checkpoint holds them")
         distributed.barrier()
 
     exit_code = 1
+    watch.start(max_steps, start_step)
     try:
         evaluated_before = tc.eval_before and start_step == 0
         if evaluated_before:
@@ -392,14 +711,15 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
         step_times: list[float] = []
         last_train: dict[str, float] = {}
         for step in range(start_step, max_steps):
+            watch.begin(f"step {step + 1}/{max_steps}")
             tree, metrics = train_step(run, cfg, step)
+            watch.step_done(metrics["step_time"])
             progress.step = step + 1
             logger.log("train", metrics, step + 1)
             logger.log_samples("train", sample_rows(tree, policies.agent_names, cfg.logger.sample_rows), step + 1)
             step_times.append(metrics["step_time"])
             last_train = metrics
-            say(f"step {step + 1}/{max_steps}: "
-                + _fmt(metrics, ("reward", "reward_std", "loss", "entropy", "completions/mean_length", "step_time")))
+            say(step_line(step + 1, max_steps, metrics, task.agent_names, watch.tokens_per_s(), watch.eta_s()))
 
             if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < max_steps:
                 run_eval(step + 1)
@@ -408,7 +728,7 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
 
         final_step = max(max_steps, start_step)
         if final_step > 0:  # nothing trained, nothing to save
-            checkpoint(final_step)
+            checkpoint(final_step, final=True)
         if tc.eval_after and (final_step > 0 or not evaluated_before):
             summary["after"] = run_eval(final_step)
         if not w.is_main:
@@ -437,6 +757,7 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
         exit_code = 130  # W&B records the run as stopped, as the shell would (128 + SIGINT)
         raise
     finally:
+        watch.stop()  # the bars end before anything else prints
         if hasattr(run.rollout, "close"):  # vLLM: its exported adapters are removed
             run.rollout.close()
         logger.finish(exit_code)
@@ -454,7 +775,7 @@ def _agent_means(stats: dict[str, float], policies: list[str]) -> dict[str, floa
         head, _, leaf = key.partition("/")
         if head in policies:
             out.setdefault(leaf, []).append(v)
-    return {k: (sum(v) if k == "num_tokens" else sum(v) / len(v)) for k, v in out.items()}
+    return {k: (sum(v) if k in ("num_tokens", "prompt_tokens") else sum(v) / len(v)) for k, v in out.items()}
 
 
 def _fmt(metrics: dict[str, float], keys: tuple[str, ...]) -> str:
@@ -467,6 +788,15 @@ def _first_train_reward(run_dir: Path) -> float | None:
         if "train/reward" in row:
             return row["train/reward"]
     return None
+
+
+def _code_line() -> str:
+    from marl_llm.loggers import code_version
+
+    code = code_version()
+    commit = code.get("git_commit")
+    where = f", commit {commit[:12]}" + (" (uncommitted changes)" if code.get("git_dirty") else "") if commit else ""
+    return f"marl-llm {code.get('marl_llm')}{where}"
 
 
 def write_summary(path: Path, cfg: DictConfig, s: dict[str, Any]) -> None:
@@ -494,6 +824,7 @@ def write_summary(path: Path, cfg: DictConfig, s: dict[str, Any]) -> None:
         f"G={cfg.algo.get('num_generations')}); seconds per step: {num(s.get('sec_per_step'), '.1f')}; "
         f"whole run: {num(s.get('wall_s'), '.0f')} s; peak RSS: {num(s.get('peak_rss_gib'), '.2f')} GiB",
         f"- device: {'cuda' if torch.cuda.is_available() else 'cpu'}; torch {torch.__version__}",
+        f"- code: {_code_line()}",
         "",
     ]
     atomic_write_text(path, "\n".join(lines))

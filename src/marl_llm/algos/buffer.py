@@ -128,11 +128,11 @@ def merge_update_stats(parts: list[dict[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key in dict.fromkeys(k for p in parts for k in p):
         values = [p[key] for p in parts if key in p]
-        if key in ("num_tokens", "optimizer_steps"):
+        if key in ("num_tokens", "prompt_tokens", "optimizer_steps"):
             out[key] = sum(values)
-        elif key == "completions/min_length":
+        elif key in ("completions/min_length", "completions/min_terminated_length"):
             out[key] = min(values)
-        elif key == "completions/max_length":
+        elif key in ("completions/max_length", "completions/max_terminated_length"):
             out[key] = max(values)
         else:
             out[key] = sum(values) / len(values)

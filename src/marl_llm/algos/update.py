@@ -193,6 +193,7 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
                 opt.step()
                 n_steps += 1
     lengths = [len(c.completion_ids) for c in comps] or [0]  # a data-parallel rank may hold none
+    terminated = [len(c.completion_ids) for c in comps if not c.truncated] or [0]  # ended by EOS (TRL's)
     out = {k: v for k, v in acc.items() if k in ("loss", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean",
                                                  "clip_ratio/region_mean") or k.startswith("rollout_is/")}
     out.update({
@@ -200,11 +201,15 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
         "optimizer_steps": float(n_steps),
         "entropy": entropy_sum / max(total_tokens, 1),
         "learning_rate": float(opt.param_groups[0]["lr"]),
-        "num_tokens": float(total_tokens),
+        "num_tokens": float(total_tokens),  # this step's completion tokens (the logger keeps TRL's running total)
+        "prompt_tokens": float(sum(len(c.prompt_ids) for c in comps)),
         "completions/mean_length": sum(lengths) / len(lengths),
         "completions/min_length": float(min(lengths)),
         "completions/max_length": float(max(lengths)),
         "completions/clipped_ratio": sum(c.truncated for c in comps) / max(len(comps), 1),
+        "completions/mean_terminated_length": sum(terminated) / len(terminated),
+        "completions/min_terminated_length": float(min(terminated)),
+        "completions/max_terminated_length": float(max(terminated)),
         "advantage/mean": float(advs.mean()) if len(advs) else 0.0,
         "advantage/std": float(advs.std()) if len(advs) > 1 else 0.0,
     })

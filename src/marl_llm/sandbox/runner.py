@@ -576,16 +576,25 @@ def run_tests(program: str, test_code: str, entry_point: str, limits: SandboxLim
         return _failure(plan, f"sandbox error: {e!r}")
 
 
+_progress = logging.getLogger("marl_llm.progress")  # the trainer's progress display counts these
+
+
 def _map_in_pool(fn, jobs: list, workers: int) -> list:
+    def reported(job):
+        try:
+            return fn(job)
+        finally:
+            _progress.debug("sandbox job")
+
     if workers <= 1 or len(jobs) == 1:
         try:
-            return [fn(job) for job in jobs]
+            return [reported(job) for job in jobs]
         except BaseException:
             kill_all()
             raise
     pool = ThreadPoolExecutor(max_workers=min(workers, len(jobs)), thread_name_prefix="sandbox")
     try:
-        return list(pool.map(fn, jobs))
+        return list(pool.map(reported, jobs))
     except BaseException:  # Ctrl-C: end the running programs now, start no more
         pool.shutdown(wait=False, cancel_futures=True)
         kill_all()

@@ -5,8 +5,8 @@ A task's `data` config (schema `marl_llm.config.DataConfig`) names the sources a
     source: auto          # files if given, else the hub when reachable, else the packaged sample
     hub_id: trl-lib/tldr
     files: {}             # {split name: local .jsonl / .jsonl.gz / .json / .parquet}
-    train_split: train[:1000]    # the papers' splits (hub and files)
-    eval_split: test[:1000]
+    train_split: train[:1000]    # the papers' splits on the hub; with files, the whole files
+    eval_split: test[:1000]      # (default_split: the task YAMLs resolve them)
     packaged_train_split: train  # the offline sample's splits
     packaged_eval_split: test
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import re
 import socket
@@ -61,6 +62,30 @@ def parse_split(expr: Any, key: str = "split") -> Split:
     if split.start is not None and split.end is not None and split.start >= split.end:
         raise UserError(f"{key}={expr!r}: start must be < end")
     return split
+
+
+def default_split(role: str, train_split: str, eval_split: str, files: dict[str, Any]) -> str:
+    """The split a task reads for `role` ("train" or "eval") when the user names none (the task
+    YAMLs' `train_split` / `eval_split`, through the `marl_llm_data_split` resolver). Without
+    files: the papers' split (`train_split` / `eval_split`, sized for the hub data). With local
+    files, their whole split: the papers' slices would refuse every file smaller than the hub's
+    data. Where the papers take train and eval from one split (HumanEval: test[33:163] and
+    test[:32]), train comes from a `train` file when there is one; else eval keeps the papers'
+    held-out rows and train takes every row after them, so the two never overlap. A split the
+    user sets (on the command line or in a preset) replaces the resolver and is used as it is."""
+    ours = train_split if role == "train" else eval_split
+    if not files:
+        return ours
+    train, held_out = parse_split(train_split, "task.data.train_split"), parse_split(eval_split, "task.data.eval_split")
+    if train.name != held_out.name:
+        return parse_split(ours).name
+    if "train" in files and train.name != "train":
+        return "train" if role == "train" else held_out.name
+    if role == "eval":
+        return str(held_out)
+    if not held_out.start and held_out.end is not None:
+        return str(Split(train.name, held_out.end))
+    return str(train)
 
 
 def select(rows: list[dict[str, Any]], split: Split, origin: str, key: str) -> list[dict[str, Any]]:
@@ -199,6 +224,11 @@ def read_hub(hub_id: str, split_name: str) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------ loader
+def _log_info(message: str) -> None:
+    """The run's console and job log (the trainer's `marl_llm` logger)."""
+    logging.getLogger("marl_llm").info(message)
+
+
 class TaskData:
     """Loads a task's train/eval rows from the source its config picks, once.
 
@@ -207,12 +237,13 @@ class TaskData:
     """
 
     def __init__(self, cfg: Any, task: str, required: tuple[str, ...],
-                 packaged: Callable[[str], list[dict[str, Any]]] | None = None, log: Callable[[str], None] = print):
+                 packaged: Callable[[str], list[dict[str, Any]]] | None = None,
+                 log: Callable[[str], None] | None = None):
         self.cfg = cfg
         self.task = task
         self.required = required
         self.packaged = packaged or (lambda name: read_packaged_sample(task, name))
-        self.log = log
+        self.log = log or _log_info
         self._source: str | None = None
         self._splits: dict[str, list[dict[str, Any]]] = {}
 
@@ -252,7 +283,7 @@ class TaskData:
                 why = (f"hub dataset {c.hub_id} not reachable: {reason}; set task.data.source=hub to make this an "
                        "error, or task.data.files=... to use local files")
         if world().is_main:  # every data-parallel rank resolves the source; one says so
-            self.log(f"[marl-llm] data for task {self.task}: {self._source} ({why})")
+            self.log(f"data for task {self.task}: {self._source} ({why})")
         return self._source
 
     def split(self, which: str) -> list[dict[str, Any]]:

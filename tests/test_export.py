@@ -1,0 +1,204 @@
+"""Taking the trained agents away (issue 19): <run_dir>/agents/ holds each trained policy in the
+format its users load (a peft adapter dir, or a whole transformers model with algo.lora=null) that
+gives the trained policy's logits; `marl-llm-eval` evaluates a run's agents on another task or
+split into a new dir and leaves the run's files as they were; bad input is one `error:` line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import TEST_DEVICE, VENV_BIN, compose_config, make_policies, tiny_overrides
+from marl_llm import eval_cli
+from marl_llm.config import UserError
+from marl_llm.export import MANIFEST, export_agents, load_agents, read_manifest
+from marl_llm.models import AgentPolicies
+
+IDS = torch.tensor([[1, 5, 9, 42, 7, 300, 12, 8]])
+
+
+def logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=IDS.to(model.device)).logits.float().cpu()
+
+
+def base_model(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+def agent_logits(policies, i) -> torch.Tensor:
+    with policies.acting(i) as model:
+        model.eval()  # acting() switches to train mode; dropout is 0 anyway
+        return logits(model)
+
+
+def files_state(run_dir):
+    """(bytes, mtime) of every file of the run outside evals/."""
+    return {str(p.relative_to(run_dir)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and "evals" not in p.relative_to(run_dir).parts}
+
+
+@pytest.fixture(scope="module")
+def trained_run(tiny_model_dir, tmp_path_factory):
+    """One step of the real console script. The raw baseline makes the adapters move although the
+    tiny model's rewards are all equal; a large learning rate makes the move show in the logits."""
+    run_dir = tmp_path_factory.mktemp("export") / "run"
+    args = tiny_overrides(tiny_model_dir, run_dir, f"hydra.run.dir={run_dir}", "algo.baseline=raw",
+                          "algo.learning_rate=0.05", "trainer.eval_before=false", "trainer.eval_after=false")
+    proc = subprocess.run([str(VENV_BIN / "marl-llm"), *args], cwd=run_dir.parent, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"agents of step 1 written to {run_dir / 'agents'}" in proc.stdout
+    return run_dir
+
+
+def test_training_exports_peft_adapters_that_give_the_trained_policys_logits(trained_run, tiny_model_dir):
+    from peft import PeftModel
+
+    agents = trained_run / "agents"
+    manifest = json.loads((agents / MANIFEST).read_text())
+    assert manifest["kind"] == "lora" and manifest["step"] == 1 and manifest["task"] == "humaneval"
+    assert [(a["name"], a["dir"]) for a in manifest["agents"]] == [("aux", "aux"), ("main", "main")]
+    assert {a["base_model"] for a in manifest["agents"]} == {str(tiny_model_dir.absolute())}
+    for name in ("aux", "main"):
+        assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "README.md"} <= {
+            p.name for p in (agents / name).iterdir()}
+        config = json.loads((agents / name / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == str(tiny_model_dir.absolute()) and config["r"] == 4
+    assert not [p for p in trained_run.iterdir() if p.name.startswith(".agents")]  # no temp dir left
+
+    # The policy as training left it: the run's config, the checkpoint's adapters.
+    cfg = OmegaConf.load(trained_run / "config.yaml")
+    policies = AgentPolicies(("aux", "main"), cfg.model, cfg.algo, cfg.seed)
+    ckpt = torch.load(trained_run / "checkpoint.pt", weights_only=True)
+    policies.load_adapter_state(ckpt["adapters"])
+    base_logits = logits(base_model(tiny_model_dir))
+    for i, name in enumerate(("aux", "main")):
+        loaded = PeftModel.from_pretrained(base_model(manifest["agents"][i]["base_model"]), agents / name).eval()
+        expected = agent_logits(policies, i)
+        assert (expected - base_logits).abs().max() > 1e-4, "the adapter should have moved in training"
+        torch.testing.assert_close(logits(loaded), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_export_round_trip_per_agent_and_shared(tiny_model_dir, tmp_path):
+    from peft import PeftModel
+
+    cfg = compose_config(tiny_overrides(tiny_model_dir, tmp_path))
+    for adapters in ("per_agent", "shared"):
+        run_dir = tmp_path / adapters
+        run_dir.mkdir()
+        policies = make_policies(tiny_model_dir, adapters=adapters)  # random LoRA B: the adapters matter
+        agents = export_agents(run_dir, cfg, policies, step=7)
+        manifest = read_manifest(agents)
+        dirs = ["aux", "main"] if adapters == "per_agent" else ["shared", "shared"]
+        assert [a["dir"] for a in manifest["agents"]] == dirs and manifest["step"] == 7
+        assert sorted(p.name for p in agents.iterdir()) == sorted({*dirs, MANIFEST})
+        for i, a in enumerate(manifest["agents"]):
+            loaded = PeftModel.from_pretrained(base_model(a["base_model"]), agents / a["dir"]).eval()
+            torch.testing.assert_close(logits(loaded), agent_logits(policies, i), rtol=1e-5, atol=1e-5)
+        # And back: another team (other random adapters) loads the export exactly.
+        other = make_policies(tiny_model_dir, adapters=adapters, seed=1)
+        load_agents(other, agents, manifest, ["aux", "main"])
+        want, got = policies.adapter_state(), other.adapter_state()
+        assert want.keys() == got.keys() and all(torch.equal(want[k][n], got[k][n]) for k in want for n in want[k])
+
+
+def test_full_fine_tune_exports_whole_models_and_replaces_an_earlier_export(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    cfg = compose_config([o for o in tiny_overrides(tiny_model_dir, tmp_path) if not o.startswith("algo.lora")]
+                         + ["algo.lora=null"])
+    policies = AgentPolicies(("aux", "main"), cfg.model, cfg.algo, cfg.seed)
+    with torch.no_grad():  # make agent aux's model its own
+        policies.models[0].get_input_embeddings().weight.mul_(1.5)
+    export_agents(tmp_path, cfg, policies, step=1)
+    agents = export_agents(tmp_path, cfg, policies, step=2)  # replaces the first export
+    manifest = read_manifest(agents)
+    assert manifest["kind"] == "full" and manifest["step"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".agents", "agents"))) == ["agents"]
+    base_logits = logits(base_model(tiny_model_dir))
+    for i, name in enumerate(("aux", "main")):
+        loaded = base_model(agents / name).eval()
+        expected = agent_logits(policies, i)
+        torch.testing.assert_close(logits(loaded), expected, rtol=1e-5, atol=1e-5)
+        assert ((expected - base_logits).abs().max() > 1e-3) == (name == "aux")
+        assert AutoTokenizer.from_pretrained(agents / name).eos_token is not None
+    other = AgentPolicies(("aux", "main"), cfg.model, cfg.algo, cfg.seed)
+    load_agents(other, agents, manifest, ["aux", "main"])
+    torch.testing.assert_close(agent_logits(other, 0), agent_logits(policies, 0))
+
+
+def test_checkpoint_weights_load_into_another_tasks_agents_by_position(tiny_model_dir):
+    trained = make_policies(tiny_model_dir)  # aux, main
+    team = make_policies(tiny_model_dir, agents=("tool", "plan"), seed=3)
+    ckpt = {"path": "checkpoint.pt", "weights": "lora", "adapters": trained.adapter_state()}
+    eval_cli.load_checkpoint_weights(team, ckpt, ["aux", "main"])
+    for i in range(2):
+        torch.testing.assert_close(agent_logits(team, i), agent_logits(trained, i))
+    with pytest.raises(UserError, match="holds full models but this config builds LoRA adapters"):
+        eval_cli.load_checkpoint_weights(team, {**ckpt, "weights": "full"}, ["aux", "main"])
+
+
+def evals(run_dir) -> set:
+    return set((run_dir / "evals").iterdir()) if (run_dir / "evals").exists() else set()
+
+
+def test_marl_llm_eval_on_another_task_writes_its_own_dir_and_leaves_the_run_alone(trained_run):
+    before, evals_before = files_state(trained_run), evals(trained_run)
+    proc = subprocess.run([str(VENV_BIN / "marl-llm-eval"), str(trained_run), "task=coophumaneval",
+                           "trainer.eval_max_problems=1"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert files_state(trained_run) == before  # checkpoint, config.yaml, logs, agents: same bytes and mtimes
+    (out,) = evals(trained_run) - evals_before
+    result = json.loads((out / "metrics.json").read_text())
+    assert result["task"] == "coophumaneval" and result["eval_problems"] == 1
+    assert result["weights"]["source"] == "agents" and result["weights"]["step"] == 1
+    assert result["overrides"] == ["task=coophumaneval", "trainer.eval_max_problems=1"]
+    assert "pass@1" in result["metrics"] and f"metrics: {out / 'metrics.json'}" in proc.stdout
+    assert OmegaConf.load(out / "config.yaml").task.name == "coophumaneval"
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 1
+
+
+def test_eval_from_checkpoint_equals_eval_from_agents(trained_run, tmp_path, capsys):
+    results = []
+    for weights in ("checkpoint", "agents"):
+        out = tmp_path / weights
+        eval_cli.main([str(trained_run), "--weights", weights, "--split", "train", "--out", str(out),
+                       "trainer.eval_max_problems=2", f"model.device={TEST_DEVICE}"])
+        results.append(json.loads((out / "metrics.json").read_text()))
+    assert [r["weights"]["source"] for r in results] == ["checkpoint", "agents"]
+    assert results[0]["data"]["eval_split"] == results[0]["data"]["train_split"] == "test[33:37]"
+    assert results[0]["metrics"] == results[1]["metrics"]
+    assert "error" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case, args, message", [
+    ("missing", [], "no such run directory"),
+    ("untrained", [], "holds no trained agents"),
+    ("untrained", ["--weights", "agents"], "--weights checkpoint"),
+    ("run", ["algo=at_grpo"], "evaluates the run's own agents"),
+    ("run", ["trainer.eval_max_problem=3"], "Did you mean trainer.eval_max_problems?"),
+    ("run", ["trainer.eval_max_problems=many"], "could not be converted"),
+    ("run", ["task=nosuch"], "choose one of"),
+])
+def test_bad_input_is_one_error_line(trained_run, tmp_path, capsys, case, args, message):
+    run_dir = {"missing": tmp_path / "nope", "untrained": tmp_path / "untrained", "run": trained_run}[case]
+    if case == "untrained":
+        run_dir.mkdir()
+        (run_dir / "config.yaml").write_text((trained_run / "config.yaml").read_text())
+    before, evals_before = files_state(trained_run), evals(trained_run)
+    with pytest.raises(SystemExit) as stop:
+        eval_cli.main([str(run_dir), *args])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+    assert files_state(trained_run) == before and evals(trained_run) == evals_before
+    if case == "untrained":
+        assert os.listdir(run_dir) == ["config.yaml"]

@@ -1,0 +1,155 @@
+"""Watching a run: progress on the console (bars on a terminal, status lines elsewhere), the console
+kept in the run dir's job log, the step line, trainer.threads, and debug=tiny for every algorithm
+and task."""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import VENV_BIN, compose_config, tiny_overrides
+from marl_llm.config import ALGO_SCHEMAS, TASK_SCHEMAS, UserError, validate
+from marl_llm.rollout import PROGRESS
+from marl_llm import trainer
+from marl_llm.trainer import Watch, step_line, torch_threads, train
+
+STATUS_LINE = re.compile(r"^\[marl-llm\] (step 1/1|eval @ step \d+), .*\(\d+s in[;)]", re.M)
+
+
+def marl_llm(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(VENV_BIN / "marl-llm"), *args], capture_output=True, text=True, timeout=timeout)
+
+
+# ------------------------------------------------------------------------------------ debug=tiny
+@pytest.mark.parametrize("task", sorted(TASK_SCHEMAS))
+@pytest.mark.parametrize("algo", sorted(ALGO_SCHEMAS))
+def test_debug_tiny_composes_and_validates_for_every_algo_and_task(algo, task, tmp_path):
+    cfg = compose_config(["debug=tiny", f"algo={algo}", f"task={task}", f"run_dir={tmp_path}"])
+    validate(cfg)
+    assert (cfg.algo.name, cfg.task.name, cfg.logger.name) == (algo, task, "none")
+    assert cfg.trainer.max_steps == 1 and cfg.trainer.eval_max_problems == 1 and cfg.trainer.prompts_per_step == 1
+    assert cfg.algo.sampling.max_new_tokens == 32
+    # The keys only some algorithms and tasks have are set where they exist.
+    assert cfg.algo.get("num_generations", 2) == 2 and cfg.algo.get("num_branches", 2) == 2
+    assert cfg.algo.get("num_turns", 1) == 1
+    assert cfg.task.get("max_turns", 2) == 2
+
+
+def test_debug_tiny_leaves_other_runs_alone_and_the_command_line_wins(tmp_path):
+    plain = compose_config([f"run_dir={tmp_path}"])
+    assert (plain.algo.num_generations, plain.algo.num_turns, plain.trainer.max_steps, plain.logger.name) == \
+        (4, 2, 3, "wandb")
+    tiny = compose_config(["debug=tiny", "algo.num_turns=2", "logger=wandb", f"run_dir={tmp_path}"])
+    assert (tiny.algo.num_generations, tiny.algo.num_turns, tiny.logger.name) == (2, 2, "wandb")
+    # A preset that sets the algorithm (not the command line) still gets that algorithm's sizes.
+    preset = compose_config(["debug=tiny", "experiment=at_grpo_sokoban_paper", f"run_dir={tmp_path}"])
+    assert (preset.algo.name, preset.algo.num_branches, preset.task.max_turns) == ("at_grpo", 2, 2)
+
+
+# ------------------------------------------------------------------------------- console runs
+def test_console_run_shows_progress_on_stderr_and_keeps_its_log(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    out = marl_llm("debug=tiny", "model=local", f"model.path={tiny_model_dir}", "model.device=cpu",
+                   f"hydra.run.dir={run_dir}", "trainer.eval_max_problems=2", "trainer.progress_every_s=0.05")
+    assert out.returncode == 0, out.stderr[-3000:]
+    # stderr is a pipe, not a terminal: status lines (no bars), none of them on stdout.
+    assert STATUS_LINE.search(out.stderr), out.stderr[-3000:]
+    assert "\r" not in out.stderr and not STATUS_LINE.search(out.stdout)
+    assert re.search(r"(generating \d+/\d+ sequences|scoring rewards|micro-batches: \d+)", out.stderr)
+    # The job log keeps what the console showed, with times.
+    step = next(line for line in out.stdout.splitlines() if line.startswith("[marl-llm] step 1/1: "))
+    assert "loss=" not in step and "frac_reward_zero_std=" in step and "grad_norm=" in step
+    assert "tokens/s=" in step and "step_time=" in step
+    job_log = (run_dir / "cli.log").read_text()
+    for line in out.stdout.splitlines():
+        if line.startswith("[marl-llm] ") and "data for task" not in line:  # tasks/data.py prints its line
+            assert line.removeprefix("[marl-llm] ") in job_log
+    assert re.search(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\]\[INFO\]\[marl_llm\] step 1/1: reward=", job_log, re.M)
+
+
+def test_a_bad_thread_count_is_one_error_line(tmp_path):
+    out = marl_llm("trainer.threads=0", "logger=none", f"hydra.run.dir={tmp_path / 'run'}", timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "error: trainer.threads=0 is not a choice: auto (the physical cores this process may use, at most torch's "
+        "default) or a number of threads, e.g. trainer.threads=1"]
+
+
+# --------------------------------------------------------------------------------- in-process
+def test_threads_are_applied_for_the_run_and_restored(tiny_model_dir, tmp_path, capsys):
+    before = torch.get_num_threads()
+    train(compose_config(tiny_overrides(tiny_model_dir, tmp_path / "one", "trainer.threads=1",
+                                        "trainer.eval_before=false", "trainer.eval_after=false")))
+    header = next(line for line in capsys.readouterr().out.splitlines() if "run dir" in line)
+    assert "torch threads: 1)" in header
+    assert torch.get_num_threads() == before
+
+
+def test_auto_threads_are_at_most_the_cores_the_process_may_use(monkeypatch):
+    assert torch_threads(3) == 3
+    assert torch_threads("auto") == min(torch.get_num_threads(), trainer.available_cores())
+    monkeypatch.setattr(trainer.os, "sched_getaffinity", lambda pid: {0})  # e.g. srun --cpus-per-task=1
+    monkeypatch.setattr(trainer, "cgroup_cpu_quota", lambda: None)
+    assert trainer.available_cores() == 1 and torch_threads("auto") == 1
+    monkeypatch.setattr(trainer.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(trainer, "cgroup_cpu_quota", lambda: 1.5)  # docker --cpus=1.5
+    assert trainer.available_cores() == 2
+    for bad in (0, -2, "many", True):
+        with pytest.raises(UserError, match="trainer.threads"):
+            torch_threads(bad)
+
+
+def test_bars_on_a_terminal_with_the_log_lines_above_them(tiny_model_dir, tmp_path, capsys):
+    train(compose_config(tiny_overrides(tiny_model_dir, tmp_path / "bars", "trainer.progress=bars",
+                                        "trainer.max_steps=2", "trainer.eval_before=false")))
+    captured = capsys.readouterr()
+    assert re.search(r"training: 100%\|.*\| 2/2 \[", captured.err), captured.err[-2000:]
+    assert "step 1/2: reward=" in captured.out and "step 2/2: reward=" in captured.out
+    assert not STATUS_LINE.search(captured.err)
+
+
+def test_the_status_follows_the_work_events():
+    watch = Watch("lines", every_s=60)
+    watch.start(max_steps=10, done_steps=3)
+    try:
+        watch.step_times = [30.0]  # one step of 30 s done: 7 to go
+        watch.begin("step 5/10")
+        PROGRESS.debug("phase", extra={"phase": "rollout"})
+        PROGRESS.debug("generate", extra={"sequences": 8})
+        PROGRESS.debug("generated", extra={"sequences": 4, "tokens": 100})
+        assert watch.status().startswith("step 5/10, rollout: generating 4/8 sequences, 100 tokens")
+        assert watch.status().endswith("s in; ETA 3m30s)")
+        PROGRESS.debug("generate done")
+        for _ in range(3):
+            PROGRESS.debug("sandbox job")
+        assert "rollout: scoring rewards, sandbox jobs done: 3" in watch.status()
+        PROGRESS.debug("phase", extra={"phase": "update"})
+        PROGRESS.debug("micro-batch", extra={"sequences": 4})
+        PROGRESS.debug("micro-batch", extra={"sequences": 4})
+        assert "step 5/10, update: micro-batches: 2" in watch.status()
+        assert watch.tokens_per_s() is not None and watch.tokens_per_s() > 0
+    finally:
+        watch.stop()
+    assert watch not in PROGRESS.handlers and PROGRESS.level == logging.NOTSET
+
+
+def test_the_step_line_shows_what_a_researcher_watches():
+    metrics = {"reward": 0.5, "tool/reward": 0.75, "plan/reward": 0.25, "reward_std": 0.1, "frac_reward_zero_std": 0.5,
+               "loss": 0.0, "grad_norm": 0.12, "entropy": 1.5, "completions/mean_length": 40.0, "step_time": 12.0}
+    line = step_line(3, 10, metrics, ["tool", "plan"], tokens_per_s=41.25, eta_s=84.0)
+    assert line == ("step 3/10: reward=0.5  tool/reward=0.75  plan/reward=0.25  reward_std=0.1  "
+                    "frac_reward_zero_std=0.5  grad_norm=0.12  entropy=1.5  completions/mean_length=40  "
+                    "tokens/s=41.25  step_time=12  eta=1m24s")
+    assert step_line(10, 10, metrics, [], None, 0.0).endswith("step_time=12")  # the last step: no ETA
+
+
+def test_bad_progress_settings_are_refused():
+    with pytest.raises(UserError, match="trainer.progress=fancy is not a choice"):
+        Watch("fancy", 30)
+    with pytest.raises(UserError, match="trainer.progress_every_s=0 must be > 0"):
+        Watch("lines", 0)
