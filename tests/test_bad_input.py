@@ -241,26 +241,32 @@ def test_selecting_from_an_empty_split_never_suggests_an_empty_slice():
 
 
 # --------------------------------------------------------------------- 7. hub model offline
-def test_a_hub_model_with_no_hub_fails_within_seconds(tmp_path):
-    """No HF_HUB_OFFLINE and a hub that refuses connections (no network touched): the hub client
-    alone would retry for about a minute; the probe answers in seconds, with the fix."""
+def load_base_with_no_hub(tmp_path, hub_id: str, body: str) -> str:
+    """Run `body` in a fresh interpreter where `cfg` names `hub_id` and the hub refuses connections
+    (no HF_HUB_OFFLINE, no network touched); its stdout."""
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     env.update(HF_ENDPOINT=closed_port_url(), HF_HOME=str(tmp_path / "hf"), PYTHONUNBUFFERED="1")
-    script = ("import time, torch, transformers\n"
+    script = ("import time, torch\n"
               "from omegaconf import OmegaConf\n"
               "from marl_llm.config import UserError\n"
               "from marl_llm.models import load_base\n"
-              "cfg = OmegaConf.create(dict(name='q', path=None, embedded=False, hub_id='Qwen/Qwen3-1.7B',"
-              " trust_remote_code=False, attn_implementation=None))\n"
-              "start = time.monotonic()\n"
-              "try:\n"
-              "    load_base(None, cfg, torch.device('cpu'), torch.float32)\n"
-              "except UserError as err:\n"
-              "    print(f'{time.monotonic() - start:.2f}', err)\n")
+              f"cfg = OmegaConf.create(dict(name='m', path=None, embedded=False, hub_id={hub_id!r},"
+              " trust_remote_code=False, attn_implementation=None))\n" + body)
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    seconds, message = out.stdout.strip().split(" ", 1)
+    return out.stdout
+
+
+def test_a_hub_model_with_no_hub_fails_within_seconds(tmp_path):
+    """The hub client alone would retry for about a minute; the probe answers in seconds, with the fix."""
+    out = load_base_with_no_hub(tmp_path, "Qwen/Qwen3-1.7B", (
+        "start = time.monotonic()\n"
+        "try:\n"
+        "    load_base(None, cfg, torch.device('cpu'), torch.float32)\n"
+        "except UserError as err:\n"
+        "    print(f'{time.monotonic() - start:.2f}', err)\n"))
+    seconds, message = out.strip().split(" ", 1)
     assert float(seconds) < 10
     assert "'Qwen/Qwen3-1.7B' is not in the local Hugging Face cache and the hub is not reachable" in message
     assert "model.path=<its local dir>" in message and "model=smollm2_135m" in message
@@ -281,19 +287,10 @@ def test_a_hub_model_in_the_local_cache_loads_with_no_hub(tmp_path, tiny_model_d
     shutil.copytree(tiny_model_dir, snapshot)
     (snapshot.parents[1] / "refs").mkdir()
     (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
-    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
-    env.update(HF_ENDPOINT=closed_port_url(), HF_HOME=str(tmp_path / "hf"))
-    script = ("import torch\n"
-              "from omegaconf import OmegaConf\n"
-              "from marl_llm.models import load_base\n"
-              "cfg = OmegaConf.create(dict(name='t', path=None, embedded=False, hub_id='org/tiny',"
-              " trust_remote_code=False, attn_implementation=None))\n"
-              "model, tok = load_base(None, cfg, torch.device('cpu'), torch.float32)\n"
-              "print(model.config.hidden_size, tok.padding_side)\n")
-    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ["32", "left"]
+    out = load_base_with_no_hub(tmp_path, "org/tiny", (
+        "model, tok = load_base(None, cfg, torch.device('cpu'), torch.float32)\n"
+        "print(model.config.hidden_size, tok.padding_side)\n"))
+    assert out.split() == ["32", "left"]
 
 
 # ------------------------------------------------------------------- 8. lookalike characters
