@@ -3,6 +3,7 @@ the candidate's output under the time limits, and leave nothing behind."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -184,8 +185,6 @@ class _Judge:
                 self.control_w = -1
 
 
-import atexit  # noqa: E402
-
 atexit.register(kill_all)
 atexit.register(_zygote.close)
 
@@ -204,7 +203,6 @@ class _Raw:
     stderr_truncated: bool
     judge_stderr: bytes
     killed: str | None  # "wall" / "stall" when the trainer killed the run for time
-    returncode: int | None
     oom: bool = False
 
 
@@ -381,7 +379,7 @@ def _drive(judge: _Judge, res_fd: int, out_fd: int, err_fd: int, jerr_fd: int, p
     judge.kill()  # ends it if a time limit struck; its death ends the candidate's namespace
     sel.close()
     return _Raw(records, bytes(bufs[out_fd]), bytes(bufs[err_fd]), truncated[out_fd], truncated[err_fd],
-                bytes(bufs[jerr_fd]), killed, None)
+                bytes(bufs[jerr_fd]), killed)
 
 
 def _remove_workdir(path: str) -> None:
@@ -512,7 +510,8 @@ def probe_confinement() -> str | None:
     if any(r[:1] == [b"L"] and r[1:2] == [b"P"] for r in raw.records):
         return None
     detail = (raw.stderr or raw.judge_stderr).decode("utf-8", "replace").strip().splitlines()
-    return detail[-1] if detail else f"the confined process ended with {raw.returncode}"
+    code = next((r[1].decode() for r in raw.records if r[:1] == [b"E"] and len(r) > 1), "no exit code")
+    return detail[-1] if detail else f"the confined process ended ({code})"
 
 
 # ------------------------------------------------------------------------------------------------
