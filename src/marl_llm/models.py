@@ -22,6 +22,7 @@ import copy
 import functools
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import re
 import shutil
@@ -111,7 +112,7 @@ def embedded_checkpoint() -> Path:
 
     target.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    print(f"[marl-llm] converting the embedded GGUF model once into {target} ...", flush=True)
+    _announce(f"converting the embedded GGUF model once into {target} ...")
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF)
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
     # The GGUF loader dequantizes to plain tensors but leaves a quantizer marker that makes
@@ -130,8 +131,18 @@ def embedded_checkpoint() -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"[marl-llm] converted in {time.time() - t0:.0f}s", flush=True)
+    _announce(f"converted in {time.time() - t0:.0f}s")
     return target
+
+
+def _announce(message: str) -> None:
+    """Inside a run the line goes to the run's log (console and `cli.log`); called on its own
+    (`python -m marl_llm.models`, a benchmark) nothing is configured to show INFO, so print it."""
+    log = logging.getLogger("marl_llm")
+    if log.isEnabledFor(logging.INFO) and log.hasHandlers():
+        log.info(message)
+    else:
+        print(f"[marl-llm] {message}", flush=True)
 
 
 # -------------------------------------------------------------------------------------- loading
