@@ -28,7 +28,7 @@ def build_tiny_model(path: Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from marl_llm.models import embedded_checkpoint
+    from marl_llm.models.policies import embedded_checkpoint
 
     tok = AutoTokenizer.from_pretrained(embedded_checkpoint())
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -48,7 +48,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 def compose_config(overrides: list[str]):
     """The real config from conf/, as the CLI composes it (run_dir set explicitly)."""
-    from marl_llm.cli import compose_config as compose
+    from marl_llm.cli.train import compose_config as compose
 
     return compose(overrides)
 
@@ -67,7 +67,7 @@ def make_policies(model_dir: Path, agents=("aux", "main"), adapters: str = "per_
     import torch
     from omegaconf import OmegaConf
 
-    from marl_llm.models import AgentPolicies
+    from marl_llm.models.policies import AgentPolicies
 
     model_cfg = OmegaConf.create(dict(name="tiny", path=str(model_dir), embedded=False, hub_id=None, dtype="auto",
                                       device=TEST_DEVICE, attn_implementation=attn_implementation,

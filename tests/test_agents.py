@@ -10,7 +10,7 @@ from conftest import TEST_DEVICE, compose_config, make_policies
 from marl_llm.algos.base import AgentBatch
 from marl_llm.algos.magrpo import MAGRPO
 from marl_llm.config import UserError
-from marl_llm.rollout import GenRequest, HFRollout, SamplingParams, completion_logprobs
+from marl_llm.rollout.decode import GenRequest, HFRollout, SamplingParams, completion_logprobs
 
 
 def snapshot(policies):
@@ -118,7 +118,7 @@ def test_adapter_state_round_trip(tiny_model_dir):
 
 
 def test_missing_lora_targets_name_the_fix(tiny_model_dir):
-    from marl_llm.models import AgentPolicies
+    from marl_llm.models.policies import AgentPolicies
 
     model_cfg = OmegaConf.create(dict(name="t", path=str(tiny_model_dir), embedded=False, hub_id=None, dtype="auto",
                                       device=TEST_DEVICE, attn_implementation=None, trust_remote_code=False,

@@ -13,7 +13,7 @@ import torch
 from conftest import compose_config, make_policies, tiny_overrides
 from marl_llm.algos.at_grpo import ATGRPO, filter_groups, group_advantages
 from marl_llm.algos.base import AgentBatch
-from marl_llm.rollout import Completion, GenRequest, HFRollout, SamplingParams
+from marl_llm.rollout.decode import Completion, GenRequest, HFRollout, SamplingParams
 from marl_llm.tasks.base import Problem
 from marl_llm.tasks.turn_based import CandidateGroup, Episode, Outcome, TurnTask, run_episodes
 
@@ -220,7 +220,7 @@ def test_shared_mode_trains_one_adapter_on_every_agents_samples(tiny_model_dir):
 
 # ------------------------------------------------------------------------------- end to end
 def run_train(tiny_model_dir, run_dir, task, *extra):
-    from marl_llm.trainer import train
+    from marl_llm.training.trainer import train
 
     overrides = [o for o in tiny_overrides(tiny_model_dir, run_dir) if not o.startswith(("algo.", "task."))]
     cfg = compose_config(["algo=at_grpo", f"task={task}", *overrides, "algo.sampling.max_new_tokens=6",
@@ -249,7 +249,7 @@ def test_at_grpo_on_a_joint_reward_task_expands_only_the_best(tiny_model_dir, tm
 
 def test_prompt_only_baselines_refuse_turn_based_tasks(tiny_model_dir, tmp_path):
     from marl_llm.config import UserError
-    from marl_llm.trainer import train
+    from marl_llm.training.trainer import train
 
     cfg = compose_config(["algo=parallel", "task=sokoban", *[o for o in tiny_overrides(tiny_model_dir, tmp_path)
                                                              if not o.startswith(("task.", "algo."))]])
@@ -280,7 +280,7 @@ def test_episode_tree_children_continue_from_their_parents_state():
 
 @pytest.mark.parametrize("game", ["sokoban", "plan_path"])
 def test_magrpo_with_one_role_on_the_grid_games(tiny_model_dir, tmp_path, game):
-    from marl_llm.trainer import train
+    from marl_llm.training.trainer import train
 
     overrides = [o for o in tiny_overrides(tiny_model_dir, tmp_path) if not o.startswith("task.")]
     cfg = compose_config([f"task={game}", "task.roles=[plan]", "task.max_turns=2", "task.num_eval_levels=2",
@@ -298,7 +298,7 @@ def test_magrpo_with_one_role_on_the_grid_games(tiny_model_dir, tmp_path, game):
                                               ("magrpo", ["algo.joint_mode=cross", "algo.num_turns=1"], "joint_mode")])
 def test_turn_based_tasks_refuse_what_does_not_apply(tiny_model_dir, tmp_path, algo, extra, match):
     from marl_llm.config import UserError
-    from marl_llm.trainer import train
+    from marl_llm.training.trainer import train
 
     overrides = [o for o in tiny_overrides(tiny_model_dir, tmp_path) if not o.startswith("task.")]
     cfg = compose_config([f"algo={algo}", "task=sokoban", *overrides, *extra])

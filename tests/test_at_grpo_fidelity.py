@@ -16,7 +16,7 @@ from marl_llm.algos.at_grpo import ATGRPO, ATTree, filter_groups
 from marl_llm.config import validate
 from marl_llm.envs.plan_path import PlanPathEnv
 from marl_llm.envs.sokoban import SokobanEnv
-from marl_llm.models import Agent
+from marl_llm.models.policies import Agent
 from marl_llm.tasks.base import Problem
 from marl_llm.tasks.grid_games import PlanPathTask, SokobanTask
 from marl_llm.tasks.turn_based import CandidateGroup
@@ -235,7 +235,7 @@ def test_grid_tasks_default_to_no_penalty():
 
 # --------------------------------------------------------------------------- LoRA all-linear
 def test_lora_all_linear_reaches_every_linear_layer(tiny_model_dir):
-    from marl_llm.models import AgentPolicies
+    from marl_llm.models.policies import AgentPolicies
 
     model_cfg = OmegaConf.create(dict(name="tiny", path=str(tiny_model_dir), embedded=False, hub_id=None, dtype="auto",
                                       device=TEST_DEVICE, attn_implementation="sdpa", trust_remote_code=False,

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from marl_llm.atomic import atomic_write, atomic_write_text
+from marl_llm.runs.atomic import atomic_write, atomic_write_text
 
 
 def test_a_failed_write_keeps_the_old_file(tmp_path):

@@ -73,7 +73,7 @@ def test_a_dir_that_is_not_a_model_names_what_is_missing(tmp_path):
 
 def test_a_dir_with_a_config_but_no_tokenizer_names_the_tokenizer(tmp_path, tiny_model_dir):
     from marl_llm.config import UserError
-    from marl_llm.models import check_checkpoint_dir
+    from marl_llm.models.policies import check_checkpoint_dir
 
     check_checkpoint_dir(str(tiny_model_dir), "model.path='tiny'")  # a real checkpoint passes
     shutil.copy(tiny_model_dir / "config.json", tmp_path / "config.json")
@@ -101,7 +101,7 @@ def test_which_missing_specs_are_hub_ids(spec, hub):
     from omegaconf import OmegaConf
 
     from marl_llm.config import UserError
-    from marl_llm.models import _source
+    from marl_llm.models.policies import _source
 
     cfg = OmegaConf.create(dict(path=spec, embedded=False, hub_id=None))
     if hub:
@@ -115,7 +115,7 @@ def test_which_missing_specs_are_hub_ids(spec, hub):
 def test_an_existing_dir_wins_over_the_hub_id_form(tmp_path, tiny_model_dir, monkeypatch):
     from omegaconf import OmegaConf
 
-    from marl_llm.models import _source
+    from marl_llm.models.policies import _source
 
     (tmp_path / "org").mkdir()
     shutil.copytree(tiny_model_dir, tmp_path / "org" / "tiny")
@@ -133,7 +133,7 @@ def test_a_run_dir_under_a_file_is_refused_before_hydra_starts(tmp_path):
 
 
 def test_run_dir_check_covers_sweeps_read_only_dirs_and_the_default(tmp_path, monkeypatch):
-    from marl_llm.cli import run_dir_check
+    from marl_llm.cli.train import run_dir_check
     from marl_llm.config import UserError
 
     (tmp_path / "taken").write_text("a file")
@@ -184,7 +184,7 @@ def test_a_misspelled_agent_in_agent_sampling_lists_the_agents(tmp_path):
 def test_validate_knows_the_agents_the_tasks_have(overrides):
     """config.validate's agent names (known before torch loads) are the Task classes' own."""
     from marl_llm.algos import algorithm_class
-    from marl_llm.cli import map_overrides
+    from marl_llm.cli.train import map_overrides
     from marl_llm.config import UserError, _agent_names, validate
     from marl_llm.tasks import build_task
 
@@ -203,7 +203,7 @@ def test_agent_policies_refuse_sampling_for_agents_the_task_lacks(tiny_model_dir
     from omegaconf import OmegaConf
 
     from marl_llm.config import UserError
-    from marl_llm.models import AgentPolicies
+    from marl_llm.models.policies import AgentPolicies
 
     model_cfg = OmegaConf.create(dict(name="x", path="/no/such/dir", embedded=False, hub_id=None, dtype="auto",
                                       device="cpu", attn_implementation=None, trust_remote_code=False,
@@ -249,7 +249,7 @@ def load_base_with_no_hub(tmp_path, hub_id: str, body: str) -> str:
     script = ("import time, torch\n"
               "from omegaconf import OmegaConf\n"
               "from marl_llm.config import UserError\n"
-              "from marl_llm.models import load_base\n"
+              "from marl_llm.models.policies import load_base\n"
               f"cfg = OmegaConf.create(dict(name='m', path=None, embedded=False, hub_id={hub_id!r},"
               " trust_remote_code=False, attn_implementation=None))\n" + body)
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -311,7 +311,7 @@ def test_curly_quotes_are_named_before_hydra_parses(tmp_path):
     (["seed=12", "--cfg", "job"], None),
 ])
 def test_lookalike_characters(args, expected):
-    from marl_llm.cli import lookalike_error
+    from marl_llm.cli.train import lookalike_error
 
     err = lookalike_error(args)
     if expected is None:
@@ -323,7 +323,7 @@ def test_lookalike_characters(args, expected):
 # ------------------------------------------------------------------ 9. the README's quoting
 def test_the_readmes_split_example_survives_the_shell():
     """The example, split as bash splits it, composes to the split it shows."""
-    from marl_llm.cli import map_overrides
+    from marl_llm.cli.train import map_overrides
 
     readme = (REPO / "README.md").read_text()
     example = re.search(r"quote twice on the\s+command line: `([^`]+)`", readme).group(1)
@@ -336,7 +336,7 @@ def test_the_readmes_split_example_survives_the_shell():
 
 # ----------------------------------------------------------------------- 10. W&B unreachable
 def test_an_unreachable_wandb_server_warns_within_seconds(tmp_path, monkeypatch, capsys):
-    from marl_llm.loggers import RunLogger
+    from marl_llm.runs.loggers import RunLogger
 
     monkeypatch.setenv("WANDB_MODE", "online")
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)

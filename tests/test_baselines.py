@@ -15,7 +15,7 @@ CORE = {"reward", "completions/mean_length"}
 
 
 def run(tiny_model_dir: Path, run_dir: Path, algo: str, task: str, *extra: str) -> tuple[dict, list[dict], list[dict]]:
-    from marl_llm.trainer import train
+    from marl_llm.training.trainer import train
 
     overrides = [o for o in tiny_overrides(tiny_model_dir, run_dir) if not o.startswith("algo.")]
     cfg = compose_config([f"algo={algo}", f"task={task}", *overrides, "algo.sampling.max_new_tokens=6",

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from conftest import VENV_BIN
-from marl_llm import perf
+from marl_llm.training import perf
 from marl_llm.bench.gpu import decode_bytes_per_run
 
 

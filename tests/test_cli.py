@@ -78,7 +78,7 @@ def test_multirun_sweeps_seeds(tiny_model_dir, tmp_path):
 def test_a_single_runs_group_is_shared_by_its_seeds():
     from omegaconf import OmegaConf
 
-    from marl_llm.loggers import config_hash, run_identity
+    from marl_llm.runs.loggers import config_hash, run_identity
 
     cfg = OmegaConf.create({"algo": {"name": "collm_cc"}, "task": {"name": "strbuild"}, "model": {"name": "smollm2-135m"},
                             "seed": 3, "logger": {"group": None, "tags": ["paper"]}})
@@ -106,8 +106,8 @@ def test_non_editable_install_finds_its_config(tmp_path):
     for metric in ("writing_reward/writing_reward.py", "pass_at_k/pass_at_k.py"):
         assert (target / "marl_llm" / "metrics" / metric).is_file(), metric
     env = {"PYTHONPATH": str(target)}
-    where = run([sys.executable, "-c", "import marl_llm.cli as c; print(c.__file__); print(c.config_dir())"], tmp_path, env)
-    assert where.stdout.splitlines() == [str(target / "marl_llm" / "cli.py"), str(target / "marl_llm" / "conf")]
+    where = run([sys.executable, "-c", "import marl_llm.cli.train as c; print(c.__file__); print(c.config_dir())"], tmp_path, env)
+    assert where.stdout.splitlines() == [str(target / "marl_llm" / "cli" / "train.py"), str(target / "marl_llm" / "conf")]
     out = run([str(target / "bin" / "marl-llm"), "--cfg", "job", "algo.baseline=rloo"], tmp_path, env)
     assert out.returncode == 0, out.stderr
     assert "baseline: rloo" in out.stdout
@@ -167,7 +167,7 @@ def test_unreachable_wandb_never_stops_training(tiny_model_dir, tmp_path):
 
 
 def test_map_fields_take_new_keys_in_the_plain_form(tmp_path):
-    from marl_llm.cli import map_overrides
+    from marl_llm.cli.train import map_overrides
 
     args = ["algo=at_grpo", "algo.policy_map={tool:a,plan:b}", "task=tldr", "task.data.files.train=/x.jsonl",
             "algo.learning_rate=1e-4", "+extra=1"]

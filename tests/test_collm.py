@@ -13,10 +13,10 @@ from marl_llm.algos import build_algorithm
 from marl_llm.algos.collm import joint_history, trajectories
 from marl_llm.algos.returns import gae, td0
 from marl_llm.config import UserError, validate
-from marl_llm.models import AgentPolicies
-from marl_llm.rollout import HFRollout
+from marl_llm.models.policies import AgentPolicies
+from marl_llm.rollout.decode import HFRollout
 from marl_llm.tasks import build_task
-from marl_llm.trainer import train
+from marl_llm.training.trainer import train
 
 from test_agents import changed, snapshot
 
@@ -220,7 +220,7 @@ def test_resume_restores_the_critic_exactly(tiny_model_dir, tmp_path):
 
 def test_samples_with_unshared_prompts_share_micro_batches():
     from marl_llm.algos.update import micro_batches
-    from marl_llm.rollout import Completion
+    from marl_llm.rollout.decode import Completion
 
     def comp(prompt, n):
         return Completion(torch.tensor(prompt), torch.ones(n, dtype=torch.long), "", False)

@@ -59,8 +59,8 @@ def run_comlrl(model_dir, threshold: float, buffer: int, batch: int):
 def run_marl(model_dir, threshold: float, buffer: int, batch: int, monkeypatch):
     import marl_llm.algos.collm as collm
     from marl_llm.algos import build_algorithm
-    from marl_llm.prompting import PromptFormat
-    from marl_llm.rollout import HFRollout
+    from marl_llm.models.prompting import PromptFormat
+    from marl_llm.rollout.decode import HFRollout
     from marl_llm.tasks.base import Problem
 
     cfg = compose_config(["algo=collm_cc", f"algo.num_turns={TURNS}", "algo.sampling.max_new_tokens=4",

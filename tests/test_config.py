@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError
 
 from conftest import REPO, VENV_BIN, compose_config
-from marl_llm.cli import unknown_key_error
+from marl_llm.cli.train import unknown_key_error
 from marl_llm.config import UserError, validate
 
 GROUPS = ["algo", "task", "model", "logger", "trainer", "experiment", "sweep"]

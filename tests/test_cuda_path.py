@@ -11,8 +11,8 @@ import torch
 
 from conftest import TEST_DEVICE, compose_config, tiny_overrides
 from marl_llm.config import UserError, validate
-from marl_llm.models import master_weights_dtype
-from marl_llm.trainer import build, gradient_checkpointing, seed_everything
+from marl_llm.models.policies import master_weights_dtype
+from marl_llm.training.trainer import build, gradient_checkpointing, seed_everything
 from test_collm import overrides as collm_overrides
 
 

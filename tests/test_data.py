@@ -123,7 +123,7 @@ def test_split_larger_than_the_file_and_unknown_split_name(tmp_path):
 
 def compose_with_files(task: str, files: dict[str, Path | str], *extra: str):
     """The task config as `marl-llm task=<task> task.data.files={...} <extra>` composes it."""
-    from marl_llm.cli import map_overrides
+    from marl_llm.cli.train import map_overrides
 
     listed = ",".join(f"{k}:{v}" for k, v in files.items())
     args = [f"task={task}", f"task.data.files={{{listed}}}", *extra, "run_dir=/tmp/x"]

@@ -11,11 +11,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from conftest import compose_config, make_policies, tiny_overrides
-from marl_llm import rollout
+from marl_llm.rollout import decode as rollout
 from marl_llm.config import UserError, validate
-from marl_llm.mixed_lora import MixedLoRA
-from marl_llm.prompting import encode_prompt
-from marl_llm.rollout import COMPACT_EVERY, PerRowSampling, SamplingParams, decode, sample_rows
+from marl_llm.rollout.mixed_lora import MixedLoRA
+from marl_llm.models.prompting import encode_prompt
+from marl_llm.rollout.decode import COMPACT_EVERY, PerRowSampling, SamplingParams, decode, sample_rows
 from test_rollout import hf_greedy
 
 # Rows of every kind: greedy, plain, top-k, top-p, both, held-back end of sequence, sharing a
@@ -283,7 +283,7 @@ def test_set_rows_from_indices_equals_set_rows_from_names(policies):
 
 # ------------------------------------------------------------------------------ configuration
 def test_decode_keys_reach_the_rollout_and_bad_values_say_the_fix(tiny_model_dir, tmp_path):
-    from marl_llm.trainer import build
+    from marl_llm.training.trainer import build
 
     base = tiny_overrides(tiny_model_dir, tmp_path, "algo=magrpo", "task=tldr", "algo.num_turns=1")
     run = build(compose_config(base + ["trainer.decode=static"]))

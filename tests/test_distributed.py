@@ -138,7 +138,7 @@ def test_slurm_tasks_become_ranks(tiny_model_dir, tmp_path):
 SYNC_SCRIPT = textwrap.dedent("""
     import json, sys
     import torch
-    from marl_llm import distributed
+    from marl_llm.distributed import data_parallel as distributed
     from marl_llm.algos.returns import normalize_per_group
 
     w = distributed.init(timeout_min=5, cpu=True)

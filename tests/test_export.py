@@ -14,10 +14,10 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import TEST_DEVICE, VENV_BIN, compose_config, make_policies, tiny_overrides
-from marl_llm import eval_cli
+from marl_llm.cli import eval as eval_cli
 from marl_llm.config import UserError
-from marl_llm.export import MANIFEST, export_agents, load_agents, read_manifest
-from marl_llm.models import AgentPolicies
+from marl_llm.runs.export import MANIFEST, export_agents, load_agents, read_manifest
+from marl_llm.models.policies import AgentPolicies
 
 IDS = torch.tensor([[1, 5, 9, 42, 7, 300, 12, 8]])
 

@@ -21,9 +21,10 @@ LOCKSTEP_SCRIPT = textwrap.dedent("""
     import torch
     sys.path.insert(0, sys.argv[3])
     from conftest import make_policies
-    from marl_llm import distributed, fsdp
+    from marl_llm.distributed import data_parallel as distributed
+    from marl_llm.distributed import fsdp
     from marl_llm.algos.update import UpdateSettings, policy_update
-    from marl_llm.rollout import Completion, GenRequest, HFRollout, SamplingParams, completion_logprobs, sample_key
+    from marl_llm.rollout.decode import Completion, GenRequest, HFRollout, SamplingParams, completion_logprobs, sample_key
 
     w = distributed.init(timeout_min=5, cpu=True)
     r, out = w.rank, {"rank": w.rank}
@@ -145,7 +146,7 @@ def test_sharded_passes_run_in_lockstep_and_match_the_whole_model(tiny_model_dir
 ])
 def test_settings_fsdp_cannot_run_with_are_refused(overrides, message):
     from marl_llm.config import UserError
-    from marl_llm.fsdp import check_supported
+    from marl_llm.distributed.fsdp import check_supported
 
     cfg = compose_config(["trainer.fsdp=true", *overrides])
     with pytest.raises(UserError, match=message):
@@ -176,8 +177,9 @@ UNSHARD_SCRIPT = textwrap.dedent("""
     from torch.distributed.tensor import DTensor
     sys.path.insert(0, sys.argv[3])
     from conftest import make_policies
-    from marl_llm import distributed, fsdp
-    from marl_llm.rollout import GenRequest, HFRollout, SamplingParams, sample_key
+    from marl_llm.distributed import data_parallel as distributed
+    from marl_llm.distributed import fsdp
+    from marl_llm.rollout.decode import GenRequest, HFRollout, SamplingParams, sample_key
 
     w = distributed.init(timeout_min=5, cpu=True)
     r, out = w.rank, {"rank": w.rank}

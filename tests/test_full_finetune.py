@@ -10,12 +10,13 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import TEST_DEVICE, compose_config, tiny_overrides
-from marl_llm import fsdp, models
-from marl_llm.checkpoint import load_checkpoint
+from marl_llm.distributed import fsdp
+from marl_llm.models import policies as models
+from marl_llm.runs.checkpoint import load_checkpoint
 from marl_llm.config import UserError, validate
-from marl_llm.models import AgentPolicies
-from marl_llm.rollout import GenRequest, HFRollout, SamplingParams, encode_prompt
-from marl_llm.trainer import build, train, train_step
+from marl_llm.models.policies import AgentPolicies
+from marl_llm.rollout.decode import GenRequest, HFRollout, SamplingParams, encode_prompt
+from marl_llm.training.trainer import build, train, train_step
 
 from test_agents import make_batches, magrpo
 from test_trainer import adapters, same_adapters
@@ -163,7 +164,7 @@ def test_point_of_use_guards(tiny_model_dir):
     p = small_policies(tiny_model_dir)
     with pytest.raises(UserError, match="use algo.critic.placement=separate"):
         p.add_adapter(0, "critic")
-    from marl_llm.vllm_rollout import VLLMRollout
+    from marl_llm.rollout.vllm import VLLMRollout
 
     with pytest.raises(UserError, match="use trainer.rollout=hf"):
         VLLMRollout(p)

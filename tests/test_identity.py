@@ -38,7 +38,7 @@ def small_cfg(**changes):
 
 # ---------------------------------------------------------------------------- names and groups
 def test_the_group_is_the_config_but_the_seed():
-    from marl_llm.loggers import config_hash, run_identity
+    from marl_llm.runs.loggers import config_hash, run_identity
 
     base = run_identity(small_cfg())
     assert base["group"] == f"magrpo-tldr-Qwen3-1.7B-{config_hash(small_cfg())}" and len(config_hash(small_cfg())) == 8
@@ -53,7 +53,7 @@ def test_the_group_is_the_config_but_the_seed():
 
 
 def test_names_and_tags_say_what_differs():
-    from marl_llm.loggers import run_identity
+    from marl_llm.runs.loggers import run_identity
 
     single = run_identity(small_cfg(**{"seed": 3, "logger.tags": ["paper"]}))
     assert single["name"] == "magrpo-tldr-Qwen3-1.7B-seed3"
@@ -68,7 +68,7 @@ def test_names_and_tags_say_what_differs():
 
 
 def test_swept_keys_come_from_the_command_line_and_sweep_presets(tmp_path):
-    from marl_llm.loggers import swept_keys
+    from marl_llm.runs.loggers import swept_keys
 
     (tmp_path / "multirun.yaml").write_text(
         "hydra:\n  overrides:\n    task: ['seed=0,1', 'algo.baseline=mean,rloo', 'trainer.max_steps=5',"
@@ -81,8 +81,8 @@ def test_swept_keys_come_from_the_command_line_and_sweep_presets(tmp_path):
 STUB = """\
 import json, os, sys
 import hydra
-from marl_llm.cli import config_dir  # the resolvers and schemas
-from marl_llm.loggers import run_identity, sweep_dir, swept_overrides
+from marl_llm.cli.train import config_dir  # the resolvers and schemas
+from marl_llm.runs.loggers import run_identity, sweep_dir, swept_overrides
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
 def main(cfg):
@@ -161,7 +161,7 @@ def test_a_local_model_is_named_after_its_directory():
 # ------------------------------------------------------------------------------------- the code
 def test_every_run_records_its_code_and_each_later_start(tmp_path):
     import marl_llm
-    from marl_llm.loggers import RunLogger
+    from marl_llm.runs.loggers import RunLogger
 
     cfg = compose_config(["logger=none", f"run_dir={tmp_path}"])
     RunLogger(cfg, tmp_path)
@@ -175,7 +175,7 @@ def test_every_run_records_its_code_and_each_later_start(tmp_path):
 
 # ------------------------------------------------------------------------------- TRL num_tokens
 def test_num_tokens_is_trls_running_total_and_a_resume_continues_it(tmp_path):
-    from marl_llm.loggers import RunLogger
+    from marl_llm.runs.loggers import RunLogger
 
     cfg = compose_config(["logger=none", f"run_dir={tmp_path}"])
     step = {"aux/num_tokens": 10.0, "aux/prompt_tokens": 100.0, "main/num_tokens": 20.0, "main/prompt_tokens": 200.0,
@@ -197,7 +197,7 @@ def test_num_tokens_is_trls_running_total_and_a_resume_continues_it(tmp_path):
 
 def test_a_resume_of_a_run_logged_before_the_running_total(tmp_path):
     """Older rows held one step's completion tokens as num_tokens: a resume adds them up."""
-    from marl_llm.loggers import tokens_seen_before
+    from marl_llm.runs.loggers import tokens_seen_before
 
     rows = [{"step": 1, "train/num_tokens": 30.0, "train/aux/num_tokens": 10.0},
             {"step": 2, "train/num_tokens": 40.0, "train/aux/num_tokens": 15.0}, {"step": 2, "eval/reward": 1.0}]
@@ -210,7 +210,7 @@ def test_the_update_counts_prompt_tokens(tiny_model_dir):
     import torch
 
     from marl_llm.algos.update import UpdateSettings, policy_update
-    from marl_llm.rollout import Completion
+    from marl_llm.rollout.decode import Completion
 
     from conftest import make_policies
 
@@ -252,7 +252,7 @@ def test_make_clean_keeps_the_runs(tmp_path):
         pytest.skip("no make")
     shutil.copy(REPO / "Makefile", tmp_path / "Makefile")
     keep = ["outputs/2026-01-01/run/metrics.jsonl", "multirun/2026-01-01/s/seed=0/metrics.jsonl",
-            "outputs/x/__pycache__/kept.pyc", "src/marl_llm/cli.py"]
+            "outputs/x/__pycache__/kept.pyc", "src/marl_llm/cli/train.py"]
     gone = [".venv/bin/python", "build/lib/x.py", "dist/x.whl", ".pytest_cache/v", "src/marl_llm.egg-info/PKG-INFO",
             "src/marl_llm/__pycache__/cli.pyc", "tests/__pycache__/t.pyc"]
     for rel in keep + gone:

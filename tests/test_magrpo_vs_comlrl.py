@@ -117,8 +117,8 @@ def run_comlrl(model_dir, threshold: float, buffer: int, batch: int):
 
 def run_marl(tiny_model_dir, threshold: float, buffer: int, batch: int, rule: str = "node_mean"):
     from marl_llm.algos import build_algorithm
-    from marl_llm.prompting import PromptFormat
-    from marl_llm.rollout import HFRollout
+    from marl_llm.models.prompting import PromptFormat
+    from marl_llm.rollout.decode import HFRollout
     from marl_llm.tasks.base import Problem
 
     cfg = compose_config(["algo=magrpo", f"algo.num_generations={G}", f"algo.num_turns={TURNS}",

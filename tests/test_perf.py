@@ -10,9 +10,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import compose_config, make_policies, tiny_overrides
-from marl_llm import perf
+from marl_llm.training import perf
 from marl_llm.config import UserError, validate
-from marl_llm.rollout import GenRequest, HFRollout, SamplingParams, decode
+from marl_llm.rollout.decode import GenRequest, HFRollout, SamplingParams, decode
 
 # The tiny Llama of conftest.build_tiny_model: hidden 32, MLP 64, 2 layers, 2 heads of 16, 1 KV head.
 HIDDEN, MLP, LAYERS, HEAD_DIM, KV_DIM = 32, 64, 2, 16, 16
@@ -230,7 +230,7 @@ def test_peak_tflops_key_is_checked(tmp_path):
 
 
 def test_training_run_logs_timings_flops_and_mfu(tiny_model_dir, tmp_path):
-    from marl_llm.trainer import train
+    from marl_llm.training.trainer import train
 
     run_dir = tmp_path / "run"
     train(compose_config(tiny_overrides(tiny_model_dir, run_dir, "trainer.peak_tflops=0.5", "trainer.eval_before=false",

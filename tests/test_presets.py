@@ -18,7 +18,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from conftest import REPO, compose_config
-from marl_llm.cli import config_dir
+from marl_llm.cli.train import config_dir
 from marl_llm.config import validate
 
 
@@ -232,7 +232,7 @@ STUB = """\
 import json, os
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from marl_llm.cli import config_dir  # registers the schemas and the sweep-subdir resolver
+from marl_llm.cli.train import config_dir  # registers the schemas and the sweep-subdir resolver
 from marl_llm.config import validate
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from marl_llm.algos.update import lr_schedulers
 from marl_llm.config import UserError
-from marl_llm.prompting import PromptFormat, encode_prompt, prompt_format, template_variables
+from marl_llm.models.prompting import PromptFormat, encode_prompt, prompt_format, template_variables
 
 THINKING_TEMPLATE = ("{% for m in messages %}<|u|>{{ m['content'] }}{% endfor %}"
                      "{% if add_generation_prompt %}<|a|>{% if enable_thinking is defined and not enable_thinking %}"
@@ -21,7 +21,7 @@ THINKING_TEMPLATE = ("{% for m in messages %}<|u|>{{ m['content'] }}{% endfor %}
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from marl_llm.models import embedded_checkpoint
+    from marl_llm.models.policies import embedded_checkpoint
 
     return AutoTokenizer.from_pretrained(embedded_checkpoint())
 
@@ -106,7 +106,7 @@ def test_top_k_null_is_the_models_generation_default(tiny_model_dir):
     """algo.sampling.top_k=null: what generate() would use when the reference passes top_k=None."""
     from conftest import compose_config, make_policies
     from marl_llm.algos import build_algorithm
-    from marl_llm.rollout import HFRollout
+    from marl_llm.rollout.decode import HFRollout
     from test_magrpo_vs_comlrl import PathTask
 
     cfg = compose_config(["algo=magrpo", "algo.sampling.top_k=null", "run_dir=/tmp/x"])
@@ -122,7 +122,7 @@ def test_top_k_null_is_the_models_generation_default(tiny_model_dir):
 def test_message_with_system_part_or_sent_raw(tokenizer):
     import pickle
 
-    from marl_llm.prompting import Message
+    from marl_llm.models.prompting import Message
 
     tokenizer.prompt_format = PromptFormat(True)
     with_system = tokenizer.decode(encode_prompt(tokenizer, Message("build it", system="You are a builder.")))

@@ -9,8 +9,8 @@ import torch
 
 from conftest import compose_config
 from marl_llm.config import UserError
-from marl_llm.distributed import World, cuda_index
-from marl_llm.models import resolve_device
+from marl_llm.distributed.data_parallel import World, cuda_index
+from marl_llm.models.policies import resolve_device
 
 
 @pytest.mark.parametrize("name", ["cuda", "auto"])
@@ -46,7 +46,7 @@ def test_more_ranks_per_node_than_gpus_is_refused():
 
 
 def test_the_config_refusal_comes_before_any_process_group(monkeypatch):
-    from marl_llm.trainer import join_world
+    from marl_llm.training.trainer import join_world
 
     monkeypatch.setenv("WORLD_SIZE", "4")  # as torchrun --nproc_per_node 4 sets it
     with pytest.raises(UserError, match="model.device=cuda:1 with 4 data-parallel processes puts every rank on GPU 1"):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from marl_llm.report import (aggregate, draw_eval_reward, draw_final, draw_train_reward, find_runs,
+from marl_llm.report.cli import (aggregate, draw_eval_reward, draw_final, draw_train_reward, find_runs,
                               fresh_report_dir, iqm, main, mean_std, stratified_bootstrap_ci, write_report)
 
 PNG_MAGIC = b"\x89PNG"
@@ -434,7 +434,7 @@ def test_csv_and_json_formats_parse(tmp_path, capsys):
 
 @pytest.fixture
 def axes():
-    from marl_llm.report import _pyplot
+    from marl_llm.report.cli import _pyplot
 
     plt = _pyplot()
     fig, ax = plt.subplots()
@@ -478,7 +478,7 @@ def test_eval_points_are_not_joined(tmp_path, axes):
 
 
 def test_colours_are_stable_across_reports(tmp_path):
-    from marl_llm.report import _pyplot
+    from marl_llm.report.cli import _pyplot
 
     first, second = tmp_path / "first", tmp_path / "second"
     build_tldr(first)  # parallel, magrpo

@@ -14,7 +14,7 @@ import torch
 
 from conftest import VENV_BIN, compose_config, tiny_overrides
 from marl_llm.config import UserError
-from marl_llm.trainer import train
+from marl_llm.training.trainer import train
 from test_trainer import adapters, metrics, same_adapters, trained
 
 TIMING = ("step_time", "perf/", "timing/")
@@ -168,7 +168,7 @@ def test_a_resume_refuses_settings_that_change_training_unless_allowed(tiny_mode
 
 
 def test_which_config_changes_a_resume_compares():
-    from marl_llm.checkpoint import ABSENT, config_changes, free_on_resume
+    from marl_llm.runs.checkpoint import ABSENT, config_changes, free_on_resume
 
     old = {"seed": 0, "algo": {"lora": {"r": 4}, "lr_scheduler": "constant", "policy_map": {}},
            "trainer": {"max_steps": 2, "eval_k": [1]}, "logger": {"project": "a"}}
@@ -187,7 +187,7 @@ def test_which_config_changes_a_resume_compares():
 
 
 def test_settings_added_to_marl_llm_since_a_checkpoint_do_not_block_its_resume():
-    from marl_llm.checkpoint import added_setting
+    from marl_llm.runs.checkpoint import added_setting
 
     cfg = compose_config(["algo=magrpo", "task=humaneval", "run_dir=/tmp/x"])
     assert added_setting("task.sandbox.tmp_mb", cfg) and added_setting("algo.learning_rate", cfg)
@@ -238,7 +238,7 @@ def test_ctrl_c_prints_one_line_whose_command_continues_the_run(tiny_model_dir, 
 def test_an_interrupt_before_the_first_checkpoint_names_the_start_over_command(tmp_path):
     """No checkpoint yet: trainer.resume=true would refuse, so the line names if_possible; without
     Hydra's context the run dir's .hydra/overrides.yaml gives the overrides."""
-    from marl_llm.trainer import Progress, interrupted_line
+    from marl_llm.training.trainer import Progress, interrupted_line
 
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "overrides.yaml").write_text(
@@ -313,7 +313,7 @@ def test_a_fresh_run_never_starts_in_a_dir_that_holds_a_run(tiny_model_dir, tmp_
 
 
 def test_two_runs_starting_in_one_dir_at_once_get_it_once(tmp_path):
-    from marl_llm import rundir
+    from marl_llm.runs import rundir
 
     run = tmp_path / "same-second"
     assert rundir.claim(run, resume=False) is None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from conftest import make_policies
-from marl_llm.rollout import (GenRequest, HFRollout, PerRowSampling, SamplingParams, completion_logprobs,
+from marl_llm.rollout.decode import (GenRequest, HFRollout, PerRowSampling, SamplingParams, completion_logprobs,
                               cut_at_eos, encode_prompt, pad_pairs)
 
 
@@ -149,7 +149,7 @@ def test_sampling_is_seeded(tiny_model_dir):
 
 def test_siblings_share_one_prompt_encoding_with_the_same_logprobs_and_gradients(tiny_model_dir):
     """Completions of one prompt reuse its KV cache; values and gradients match full packing."""
-    from marl_llm.rollout import _shared_prompt_logits
+    from marl_llm.rollout.decode import _shared_prompt_logits
 
     policies = make_policies(tiny_model_dir)
     with policies.acting(0) as model:
@@ -226,7 +226,7 @@ def test_min_new_tokens_holds_back_the_end_of_sequence(tiny_model_dir):
 
 
 def test_mixed_lora_forward_equals_peft_mixed_batches(tiny_model_dir):
-    from marl_llm.mixed_lora import MixedLoRA
+    from marl_llm.rollout.mixed_lora import MixedLoRA
 
     policies = make_policies(tiny_model_dir)
     model = policies.models[0]
@@ -249,7 +249,7 @@ def test_vllm_rollout_without_vllm_or_a_gpu_says_how_to_run(tiny_model_dir, tmp_
 
     from conftest import compose_config, tiny_overrides
     from marl_llm.config import UserError
-    from marl_llm.trainer import build
+    from marl_llm.training.trainer import build
 
     cfg = compose_config(tiny_overrides(tiny_model_dir, tmp_path, "algo=magrpo", "task=tldr", "algo.num_turns=1",
                                              "trainer.rollout=vllm"))
@@ -261,8 +261,8 @@ def test_exported_adapter_loads_back_into_peft_with_the_same_weights(tiny_model_
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from marl_llm.models import lora_weights
-    from marl_llm.vllm_rollout import export_adapter
+    from marl_llm.models.policies import lora_weights
+    from marl_llm.rollout.vllm import export_adapter
 
     policies = make_policies(tiny_model_dir)
     model = policies.models[0]
@@ -278,7 +278,7 @@ def test_exported_adapter_loads_back_into_peft_with_the_same_weights(tiny_model_
 
 
 def test_sample_rows_draws_from_each_rows_distribution():
-    from marl_llm.rollout import sample_rows
+    from marl_llm.rollout.decode import sample_rows
 
     torch.manual_seed(0)
     probs = torch.tensor([[0.0, 0.7, 0.0, 0.3], [0.0, 0.0, 1.0, 0.0], [0.25, 0.25, 0.25, 0.25]])

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import make_policies
-from marl_llm import scoring
-from marl_llm.rollout import _shared_prompt_logits, completion_logprobs, pad_pairs
+from marl_llm.models import scoring
+from marl_llm.rollout.decode import _shared_prompt_logits, completion_logprobs, pad_pairs
 
 PROMPTS = [torch.tensor([1, 40, 41, 42, 2, 43, 44]), torch.tensor([1, 60, 61]), torch.tensor([1, 70, 71, 72, 73])]
 COMPS = [torch.tensor([50, 51, 2]), torch.tensor([52, 53, 54, 55, 56, 57, 2]), torch.tensor([58])]
@@ -117,7 +117,7 @@ def test_full_model_autocast_is_kept_for_the_head(tiny_model_dir):
     (models.full_model): the head chunks run under the same autocast."""
     from transformers import AutoModelForCausalLM
 
-    from marl_llm.models import full_model
+    from marl_llm.models.policies import full_model
 
     model = full_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
                        torch.bfloat16, device_type="cpu")

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import compose_config
 from marl_llm.config import UserError, validate
-from marl_llm.prompting import Message, PromptFormat, encode_prompt
+from marl_llm.models.prompting import Message, PromptFormat, encode_prompt
 from marl_llm.tasks import build_task
 from marl_llm.tasks.base import Problem, Turn
 
@@ -98,7 +98,7 @@ def templated_tokenizer():
     """The embedded SmolLM2 tokenizer with its chat template on (model.chat_template=true)."""
     from transformers import AutoTokenizer
 
-    from marl_llm.models import embedded_checkpoint
+    from marl_llm.models.policies import embedded_checkpoint
 
     tok = AutoTokenizer.from_pretrained(embedded_checkpoint())
     assert tok.chat_template

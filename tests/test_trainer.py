@@ -9,7 +9,7 @@ import torch
 
 from conftest import compose_config, tiny_overrides
 from marl_llm.tasks.base import Problem
-from marl_llm.trainer import batch_for_step, train
+from marl_llm.training.trainer import batch_for_step, train
 
 
 def metrics(run_dir, split="train"):

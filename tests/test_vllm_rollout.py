@@ -25,10 +25,10 @@ from conftest import compose_config, make_policies, tiny_overrides
 from marl_llm.algos.losses import policy_loss
 from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
 from marl_llm.config import UserError, validate
-from marl_llm.prompting import encode_prompt
-from marl_llm.rollout import Completion, GenRequest, SamplingParams, completion_logprobs, to_completion
-from marl_llm import vllm_rollout
-from marl_llm.vllm_rollout import VLLM_LORA_RANKS, VLLMRollout, allowed_lora_ranks, max_lora_rank
+from marl_llm.models.prompting import encode_prompt
+from marl_llm.rollout.decode import Completion, GenRequest, SamplingParams, completion_logprobs, to_completion
+from marl_llm.rollout import vllm as vllm_rollout
+from marl_llm.rollout.vllm import VLLM_LORA_RANKS, VLLMRollout, allowed_lora_ranks, max_lora_rank
 
 
 # ------------------------------------------------------------------------ the stand-in vllm
@@ -369,7 +369,7 @@ def vllm_overrides(model_dir, run_dir, *extra):
 
 @pytest.mark.parametrize("algo", list(ALGOS))
 def test_every_policy_update_gets_the_rollout_logprobs_and_the_configured_cap(tiny_model_dir, tmp_path, script, algo):
-    from marl_llm.trainer import build, train_step
+    from marl_llm.training.trainer import build, train_step
 
     cfg = compose_config(vllm_overrides(tiny_model_dir, tmp_path, *ALGOS[algo], "algo.rollout_is_cap=null"))
     validate(cfg)
@@ -388,7 +388,7 @@ def test_every_policy_update_gets_the_rollout_logprobs_and_the_configured_cap(ti
 
 
 def test_training_run_removes_its_exported_adapters(tiny_model_dir, tmp_path, script):
-    from marl_llm.trainer import train
+    from marl_llm.training.trainer import train
 
     run_dir = tmp_path / "run"
     train(compose_config(vllm_overrides(tiny_model_dir, run_dir, *ALGOS["magrpo"], "trainer.eval_before=false")))

@@ -14,9 +14,9 @@ import torch
 
 from conftest import VENV_BIN, compose_config, tiny_overrides
 from marl_llm.config import ALGO_SCHEMAS, TASK_SCHEMAS, UserError, validate
-from marl_llm.rollout import PROGRESS
-from marl_llm import trainer
-from marl_llm.trainer import Watch, step_line, torch_threads, train
+from marl_llm.rollout.decode import PROGRESS
+from marl_llm.training import trainer
+from marl_llm.training.trainer import Watch, step_line, torch_threads, train
 
 STATUS_LINE = re.compile(r"^\[marl-llm\] (step 1/1|eval @ step \d+), .*\(\d+s in[;)]", re.M)
 

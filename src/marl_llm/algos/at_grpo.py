@@ -40,9 +40,9 @@ import torch
 
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.update import UpdateSettings, policy_update
-from marl_llm.distributed import all_sum
-from marl_llm.episodes import JointNode, JointTree, collect_tree
-from marl_llm.evaluation import level_metrics
+from marl_llm.distributed.data_parallel import all_sum
+from marl_llm.training.episodes import JointNode, JointTree, collect_tree
+from marl_llm.training.evaluation import level_metrics
 from marl_llm.tasks.base import Problem
 from marl_llm.tasks.turn_based import CandidateGroup, TurnTask, env_key, run_episodes
 

@@ -15,11 +15,11 @@ from typing import Any, Callable
 
 import torch
 
-from marl_llm.episodes import JointNode, JointTree, Terminate, collect_tree
-from marl_llm.models import AgentPolicies
+from marl_llm.training.episodes import JointNode, JointTree, Terminate, collect_tree
+from marl_llm.models.policies import AgentPolicies
 from marl_llm.registry import registrar
-from marl_llm.rollout import Completion, Rollout, SamplingParams
-from marl_llm.evaluation import reward_metrics
+from marl_llm.rollout.decode import Completion, Rollout, SamplingParams
+from marl_llm.training.evaluation import reward_metrics
 from marl_llm.tasks.base import Problem, Task, import_submodules
 from marl_llm.tasks.turn_based import TurnTask, collect_episode_tree
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.magrpo import MAGRPO
-from marl_llm.episodes import JointTree, Terminate, collect_tree
-from marl_llm.rollout import SamplingParams
+from marl_llm.training.episodes import JointTree, Terminate, collect_tree
+from marl_llm.rollout.decode import SamplingParams
 from marl_llm.config import UserError
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn
 

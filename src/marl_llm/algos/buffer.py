@@ -26,8 +26,8 @@ from typing import Any, Callable, Hashable, Iterable
 import torch
 
 from marl_llm.config import UserError
-from marl_llm.distributed import world
-from marl_llm.rollout import Completion
+from marl_llm.distributed.data_parallel import world
+from marl_llm.rollout.decode import Completion
 
 
 @dataclass

@@ -38,17 +38,17 @@ from typing import Any, ClassVar
 
 import torch
 
-from marl_llm import fsdp
+from marl_llm.distributed import fsdp
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.buffer import BufferedSample, SampleBuffer, step_stats
 from marl_llm.algos.critic import Critic, ValueHead, has_dropout
 from marl_llm.algos.returns import gae, normalize_per_group, td0
 from marl_llm.algos.update import UpdateSettings, policy_update
 from marl_llm.config import UserError
-from marl_llm.episodes import JointNode, JointTree
-from marl_llm.evaluation import reward_metrics
-from marl_llm.models import full_model, load_base, lora_weights
-from marl_llm.prompting import encode_prompt
+from marl_llm.training.episodes import JointNode, JointTree
+from marl_llm.training.evaluation import reward_metrics
+from marl_llm.models.policies import full_model, load_base, lora_weights
+from marl_llm.models.prompting import encode_prompt
 from marl_llm.tasks.base import Problem
 
 

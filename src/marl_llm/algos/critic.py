@@ -20,8 +20,8 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from marl_llm.distributed import sync_gradients
-from marl_llm.rollout import pad_pairs
+from marl_llm.distributed.data_parallel import sync_gradients
+from marl_llm.rollout.decode import pad_pairs
 
 
 class ValueHead(nn.Module):

@@ -21,8 +21,8 @@ from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.buffer import BufferedSample, SampleBuffer, step_stats
 from marl_llm.algos.losses import k3_kl
 from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
-from marl_llm.episodes import JointTree
-from marl_llm.rollout import Completion, completion_logprobs
+from marl_llm.training.episodes import JointTree
+from marl_llm.rollout.decode import Completion, completion_logprobs
 from marl_llm.tasks.base import Problem
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from marl_llm.distributed import gather_objects
+from marl_llm.distributed.data_parallel import gather_objects
 
 
 def _next_values(values: Tensor, done: bool, last_value: float) -> Tensor:

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from marl_llm.algos.losses import policy_loss
-from marl_llm.distributed import all_sum, settle, sync_gradients, world
-from marl_llm.models import AgentPolicies
-from marl_llm.rollout import Completion, completion_logprobs
+from marl_llm.distributed.data_parallel import all_sum, settle, sync_gradients, world
+from marl_llm.models.policies import AgentPolicies
+from marl_llm.rollout.decode import Completion, completion_logprobs
 
 
 @dataclass

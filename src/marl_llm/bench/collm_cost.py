@@ -37,7 +37,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from marl_llm.atomic import atomic_write_text
+from marl_llm.runs.atomic import atomic_write_text
 
 PHASES = ("generate", "critic values (no grad)", "critic update", "actor update", "other")
 POSTS_PER_ROUND = 4  # CoLLM's environments per step = MAGRPO's G: the same joint actions per post
@@ -82,7 +82,7 @@ class PhaseMeter:
         import marl_llm.algos.collm as collm
         import marl_llm.algos.critic as critic
         import marl_llm.algos.magrpo as magrpo
-        import marl_llm.rollout as rollout
+        import marl_llm.rollout.decode as rollout
 
         undo: list[Callable[[], None]] = []
         for owner, name, phase in ((rollout.HFRollout, "generate", "generate"),
@@ -140,7 +140,7 @@ def build_systems(model: str, new_tokens: int, threads: int) -> dict[str, Any]:
 
 def run_round(name: str, system: Any, posts: list[int], meter: PhaseMeter) -> dict[str, Any]:
     """One round of `system` on `posts`: CPU seconds and tokens per joint action, by phase."""
-    from marl_llm.trainer import train_step
+    from marl_llm.training.trainer import train_step
 
     meter.reset()
     start, wall = cpu_seconds(), time.perf_counter()
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from marl_llm.trainer import quiet_libraries
+    from marl_llm.training.trainer import quiet_libraries
 
     quiet_libraries()
     threads = torch.get_num_threads()

@@ -42,7 +42,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from marl_llm.atomic import atomic_write_text
+from marl_llm.runs.atomic import atomic_write_text
 
 # Published config.json values (Qwen2.5-Coder-3B has exactly Qwen2.5-3B's shapes); `tiny` for CPU tests.
 ARCHS: dict[str, dict[str, Any]] = {
@@ -71,7 +71,7 @@ def build_model(arch: str, dtype: str, device: str, out: Path) -> Path:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen2Config
 
-    from marl_llm.models import embedded_checkpoint
+    from marl_llm.models.policies import embedded_checkpoint
 
     stamp = out / "marl_bench_arch.json"
     if stamp.is_file() and json.loads(stamp.read_text()) == {"arch": arch, "dtype": dtype}:
@@ -109,7 +109,7 @@ def base_overrides(model_dir: Path, args: argparse.Namespace, run_dir: Path) -> 
 
 
 def compose(overrides: list[str]):
-    from marl_llm.cli import compose_config
+    from marl_llm.cli.train import compose_config
     from marl_llm.config import validate
 
     cfg = compose_config(overrides)
@@ -140,11 +140,11 @@ def measure_decode(model_dir: Path, args: argparse.Namespace, work: Path) -> dic
     """marl-llm's rollout (two adapters mixed) against `generate` (one adapter) at each batch."""
     import torch
 
-    from marl_llm import perf
-    from marl_llm.models import lora_weights
-    from marl_llm.prompting import encode_prompt
-    from marl_llm.rollout import GenRequest, SamplingParams, left_pad
-    from marl_llm.trainer import build, quiet_libraries, seed_everything
+    from marl_llm.training import perf
+    from marl_llm.models.policies import lora_weights
+    from marl_llm.models.prompting import encode_prompt
+    from marl_llm.rollout.decode import GenRequest, SamplingParams, left_pad
+    from marl_llm.training.trainer import build, quiet_libraries, seed_everything
 
     batches = sorted(args.batches)
     cfg = compose(base_overrides(model_dir, args, work / "decode") + [
@@ -243,7 +243,7 @@ def measure_training(model_dir: Path, args: argparse.Namespace, work: Path) -> d
     """`--warmup` + `--steps` trainer steps of `--experiment` on the model (warm-up excluded)."""
     import torch
 
-    from marl_llm.trainer import build, quiet_libraries, seed_everything, train_step
+    from marl_llm.training.trainer import build, quiet_libraries, seed_everything, train_step
 
     overrides = [f"experiment={args.experiment}", *base_overrides(model_dir, args, work / "train"),
                  f"trainer.max_steps={args.warmup + args.steps}", *args.overrides]
@@ -290,7 +290,7 @@ def measure_training(model_dir: Path, args: argparse.Namespace, work: Path) -> d
 def environment(device: str) -> dict[str, Any]:
     import torch
 
-    from marl_llm import perf
+    from marl_llm.training import perf
 
     versions = {}
     for dist in ("torch", "transformers", "peft"):
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from marl_llm import perf
+    from marl_llm.training import perf
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)

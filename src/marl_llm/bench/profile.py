@@ -11,7 +11,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from marl_llm.atomic import atomic_write_text
+from marl_llm.runs.atomic import atomic_write_text
 
 STEP_FRAME = "MarlLLM.step (marl_llm/bench/systems.py"
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from marl_llm.atomic import atomic_write_text
+from marl_llm.runs.atomic import atomic_write_text
 
 LABELS = {"marl_magrpo": "marl-llm MAGRPO", "comlrl_magrpo": "comlrl MAGRPOTrainer",
           "bare_generate": "ceiling: bare generate + fwd/bwd", "marl_grpo": "marl-llm GRPO (algo=single)",

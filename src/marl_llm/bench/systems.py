@@ -27,7 +27,7 @@ class MarlLLM(BenchSystem):
 
     def __init__(self, workload: Workload):
         super().__init__(workload)
-        from marl_llm.trainer import build, quiet_libraries, seed_everything
+        from marl_llm.training.trainer import build, quiet_libraries, seed_everything
 
         w = workload
         self.cfg = compose(self.overrides(w))
@@ -60,7 +60,7 @@ class MarlLLM(BenchSystem):
         return [f"algo.num_generations={w.num_generations}"]
 
     def step(self) -> StepStats:
-        from marl_llm.trainer import train_step
+        from marl_llm.training.trainer import train_step
 
         problems = [self.problems[j] for j in self.step_problems(self.k)]
         _, m = train_step(self.run, self.cfg, self.k, problems=problems)
@@ -115,8 +115,8 @@ class BareGenerate(BenchSystem):
         self.k = 0
 
     def step(self) -> StepStats:
-        from marl_llm.prompting import encode_prompt
-        from marl_llm.rollout import left_pad
+        from marl_llm.models.prompting import encode_prompt
+        from marl_llm.rollout.decode import left_pad
 
         w, tok = self.workload, self.tok
         messages = self.task.initial_prompts(self.problems[self.k % len(self.problems)])

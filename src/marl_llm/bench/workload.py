@@ -102,7 +102,7 @@ class BenchSystem:
 
 def compose(overrides: list[str]):
     """marl-llm's real config (conf/) for these overrides, as the CLI composes it, validated."""
-    from marl_llm.cli import compose_config
+    from marl_llm.cli.train import compose_config
     from marl_llm.config import validate
 
     cfg = compose_config(overrides)
@@ -119,7 +119,7 @@ def model_overrides(w: Workload) -> list[str]:
 def model_path(w: Workload) -> str:
     """A directory that `from_pretrained` loads (the embedded model's converted checkpoint)."""
     if w.model == "embedded":
-        from marl_llm.models import embedded_checkpoint
+        from marl_llm.models.policies import embedded_checkpoint
 
         return str(embedded_checkpoint())
     return w.model

@@ -7,7 +7,7 @@
     pass_k.compute(predictions=[[program, ...]], references=[test_code], entry_points=["f"], k=[1, 5])
 
 `evaluate.load(metrics.path(name))` works the same way. The scores are those the trainer logs
-(marl_llm.tasks.writing_reward, marl_llm.evaluation.pass_at_k); programs run in the sandbox.
+(marl_llm.tasks.writing_reward, marl_llm.training.evaluation.pass_at_k); programs run in the sandbox.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from typing import Any
 
 from marl_llm.config import UserError
 from marl_llm.envs.strbuild import FONT, GAP, HEIGHT, StrBuildEnv
-from marl_llm.prompting import Message
+from marl_llm.models.prompting import Message
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn, register_task
 
 INSTRUCTIONS = (

@@ -32,8 +32,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from marl_llm.episodes import JointNode, JointTree, Terminate
-from marl_llm.rollout import Completion, GenRequest, SamplingParams, sample_key
+from marl_llm.training.episodes import JointNode, JointTree, Terminate
+from marl_llm.rollout.decode import Completion, GenRequest, SamplingParams, sample_key
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn
 
 

@@ -19,7 +19,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
-from marl_llm.rollout import Completion, GenRequest, SamplingParams, sample_key
+from marl_llm.rollout.decode import Completion, GenRequest, SamplingParams, sample_key
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn
 
 

@@ -33,7 +33,7 @@ Without ``--out`` the report goes to a new directory ``reports/<date>_<time>/``,
 file (committed results included); an explicit ``--out`` replaces same-named files there. The files carry
 no timestamps, so they can be committed and diffed. From Python::
 
-    from marl_llm.report import find_runs, aggregate, write_report
+    from marl_llm.report.cli import find_runs, aggregate, write_report
     write_report(find_runs(["multirun"]), "results")
 """
 
@@ -59,7 +59,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from marl_llm.atomic import atomic_write, atomic_write_text
+from marl_llm.runs.atomic import atomic_write, atomic_write_text
 from marl_llm.config import UserError
 
 DEFAULT_ROOTS = ("outputs", "multirun")

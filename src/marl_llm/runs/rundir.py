@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from marl_llm.atomic import atomic_write_text
+from marl_llm.runs.atomic import atomic_write_text
 
 RUN_MARKER = ".marl-llm-run"
 CHECKPOINT = "checkpoint.pt"

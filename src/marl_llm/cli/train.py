@@ -32,7 +32,7 @@ def config_dir() -> str:
     spec = importlib.util.find_spec("marl_llm.conf")
     if spec is not None and spec.submodule_search_locations:
         return str(Path(list(spec.submodule_search_locations)[0]).resolve())
-    return str(Path(__file__).resolve().parents[2] / "conf")
+    return str(Path(__file__).resolve().parents[3] / "conf")
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
@@ -125,12 +125,12 @@ OmegaConf.register_new_resolver("marl_llm_config_groups", public_config_groups, 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
 def _hydra_main(cfg: DictConfig) -> float:
-    from marl_llm.rundir import Interrupted
+    from marl_llm.runs.rundir import Interrupted
 
     try:
         validate(cfg)  # before any heavy import: bad values fail in a second
         # Imported here so that `--help`, `--cfg job` and config errors stay fast (no torch import).
-        from marl_llm.trainer import train
+        from marl_llm.training.trainer import train
 
         return train(cfg)
     except UserError as err:
@@ -220,7 +220,7 @@ def named_dir_check(args: list[str]) -> None:
         return
     resume = any(a.split("=", 1)[1].lower() in ("true", "1", "yes", "if_possible") for a in args
                  if a.startswith("trainer.resume="))
-    from marl_llm import rundir
+    from marl_llm.runs import rundir
 
     if resume or rundir.requeued():
         return
@@ -238,7 +238,7 @@ def rank_overrides(args: list[str]) -> list[str]:
     if any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") or a.startswith(("--cfg", "--info"))
            for a in args):
         return []
-    from marl_llm import distributed
+    from marl_llm.distributed import data_parallel as distributed
 
     if distributed.launched_world_size() <= 1:
         return []

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from marl_llm.atomic import atomic_write_text
+from marl_llm.runs.atomic import atomic_write_text
 
 # Settings that say where a run writes and how it is logged, not what it trains: runs that differ
 # only in these (and the seed) are the same experiment, one W&B group.

@@ -24,11 +24,13 @@ from typing import Any, Callable, Protocol
 import torch
 from transformers.cache_utils import DynamicLayer, StaticCache
 
-from marl_llm import fsdp, scoring
+from marl_llm.distributed import fsdp
+
+from marl_llm.models import scoring
 from marl_llm.config import UserError
-from marl_llm.mixed_lora import MixedLoRA, has_adapters
-from marl_llm.models import AgentPolicies
-from marl_llm.prompting import encode_prompt
+from marl_llm.rollout.mixed_lora import MixedLoRA, has_adapters
+from marl_llm.models.policies import AgentPolicies
+from marl_llm.models.prompting import encode_prompt
 
 # Progress events for whoever watches the run (the console's progress, trainer.Watch, which lists
 # them): debug records of a logger that nothing prints, enabled only while watched. Other modules

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:
     from marl_llm.algos.base import Algorithm
-    from marl_llm.episodes import JointNode, JointTree
+    from marl_llm.training.episodes import JointNode, JointTree
     from marl_llm.tasks.base import Problem
 
 __all__ = ["pass_at_k", "mean_pass_at_k", "reward_metrics", "level_metrics", "evaluate"]

@@ -31,19 +31,25 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from marl_llm import distributed, fsdp, perf, rundir
+from marl_llm.distributed import data_parallel as distributed
+
+from marl_llm.distributed import fsdp
+
+from marl_llm.training import perf
+
+from marl_llm.runs import rundir
 from marl_llm.algos import algorithm_class, build_algorithm
 from marl_llm.algos.update import lr_schedulers
-from marl_llm.atomic import atomic_write_text
-from marl_llm.checkpoint import check_resume_config, read_checkpoint, restore_checkpoint, save_checkpoint
+from marl_llm.runs.atomic import atomic_write_text
+from marl_llm.runs.checkpoint import check_resume_config, read_checkpoint, restore_checkpoint, save_checkpoint
 from marl_llm.config import UserError, validate
-from marl_llm.episodes import JointTree
-from marl_llm.evaluation import evaluate
-from marl_llm.export import export_agents
-from marl_llm.loggers import NullLogger, RunLogger
-from marl_llm.models import (AgentPolicies, check_device_for_ranks, check_trainable_dtype, resolve_device,
+from marl_llm.training.episodes import JointTree
+from marl_llm.training.evaluation import evaluate
+from marl_llm.runs.export import export_agents
+from marl_llm.runs.loggers import NullLogger, RunLogger
+from marl_llm.models.policies import (AgentPolicies, check_device_for_ranks, check_trainable_dtype, resolve_device,
                              resolve_dtype)
-from marl_llm.rollout import PROGRESS, HFRollout, Rollout, sample_key
+from marl_llm.rollout.decode import PROGRESS, HFRollout, Rollout, sample_key
 from marl_llm.tasks import Problem, build_task
 from marl_llm.tasks.turn_based import TurnTask
 
@@ -467,7 +473,7 @@ def build(cfg: DictConfig, task: Any = None) -> Setup:
     sharded = tc.fsdp and distributed.world().size > 1
     policies = AgentPolicies(task.agent_names, cfg.model, cfg.algo, cfg.seed, load_on_cpu=sharded)
     if tc.rollout == "vllm":
-        from marl_llm.vllm_rollout import VLLMRollout
+        from marl_llm.rollout.vllm import VLLMRollout
 
         run_dir = OmegaConf.select(cfg, "run_dir", throw_on_missing=False)
         rollout = VLLMRollout(policies, tc.vllm_gpu_memory_utilization, sleep=tc.vllm_sleep,
@@ -791,7 +797,7 @@ def _first_train_reward(run_dir: Path) -> float | None:
 
 
 def _code_line() -> str:
-    from marl_llm.loggers import code_version
+    from marl_llm.runs.loggers import code_version
 
     code = code_version()
     commit = code.get("git_commit")

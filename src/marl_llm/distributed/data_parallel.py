@@ -18,7 +18,7 @@ which would stall ranks that did fewer passes. One all-reduce per optimizer step
 rank's passes are done, needs no such agreement. Accelerate's PartialState sets up the process
 group (nccl on GPUs, gloo on CPU) and the device from the launcher's environment.
 
-With `trainer.fsdp=true` the frozen base is sharded over the ranks (`marl_llm.fsdp`); its forward
+With `trainer.fsdp=true` the frozen base is sharded over the ranks (`marl_llm.distributed.fsdp`); its forward
 passes then run in lockstep, and every collective below first lets a rank that is done with its
 passes serve the others' (`before_collectives`).
 """

@@ -42,7 +42,7 @@ from typing import Any, Iterator
 
 import torch
 
-from marl_llm import distributed
+from marl_llm.distributed import data_parallel as distributed
 from marl_llm.config import UserError
 
 

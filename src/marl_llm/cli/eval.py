@@ -28,9 +28,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from marl_llm.atomic import atomic_write_text
+from marl_llm.runs.atomic import atomic_write_text
 from marl_llm.config import UserError
-from marl_llm.rundir import CHECKPOINT, PREVIOUS
+from marl_llm.runs.rundir import CHECKPOINT, PREVIOUS
 
 EVALS_DIR = "evals"
 # Groups a run's agents are tied to: another option would build other policies than the ones trained.
@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def weights_source(run_dir: Path, choice: str) -> str:
     """"agents" or "checkpoint": what to evaluate, for --weights `choice`; UserError when the run
     dir is no run or holds no trained agents."""
-    from marl_llm.export import AGENTS_DIR, MANIFEST
+    from marl_llm.runs.export import AGENTS_DIR, MANIFEST
 
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory; pass the directory a marl-llm run wrote "
@@ -98,7 +98,7 @@ def eval_config(run_cfg: DictConfig, overrides: list[str], split: str, out_dir: 
     """The run's config with `overrides` on top (UserError for a bad one), evaluation only."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from marl_llm import cli
+    from marl_llm.cli import train as cli
 
     err = cli.lookalike_error(overrides)
     if err:
@@ -161,7 +161,7 @@ def _defaults(algo_name: str, task_name: str, task_chosen: bool, out_dir: Path) 
     config; a chosen task=<option> must be one."""
     from hydra.errors import HydraException
 
-    from marl_llm.cli import compose_config, config_dir
+    from marl_llm.cli.train import compose_config, config_dir
 
     options = sorted(p.stem for p in (Path(config_dir()) / "task").glob("*.yaml"))
     if task_chosen and task_name not in options:
@@ -203,7 +203,7 @@ def agent_map(cfg: DictConfig, run_cfg: DictConfig, run_agents: list[str] | None
 def load_checkpoint_weights(policies: Any, ckpt: dict[str, Any], source_agent: list[str]) -> None:
     """The checkpoint's policies into `policies` (agent i acts as the run's `source_agent[i]`),
     nothing else restored and nothing written. UserError when they do not fit."""
-    from marl_llm.export import check_kind, load_state, policy_tensors
+    from marl_llm.runs.export import check_kind, load_state, policy_tensors
 
     check_kind(ckpt.get("weights", "lora"), policies, ckpt["path"])
     state = {}
@@ -225,7 +225,7 @@ def load_checkpoint_weights(policies: Any, ckpt: dict[str, Any], source_agent: l
 # ------------------------------------------------------------------------------------ evaluate
 def evaluate_run(args: argparse.Namespace) -> Path:
     """Evaluate and write the results; returns their directory."""
-    from marl_llm.export import AGENTS_DIR, read_manifest
+    from marl_llm.runs.export import AGENTS_DIR, read_manifest
 
     run_dir = Path(args.run_dir)
     source = weights_source(run_dir, args.weights)
@@ -258,10 +258,10 @@ def evaluate_run(args: argparse.Namespace) -> Path:
 
 def _evaluate(cfg: DictConfig, args: argparse.Namespace, run_dir: Path, source: str, manifest: dict | None, task: Any,
               source_agent: list[str], out_dir: Path) -> Path:
-    from marl_llm.checkpoint import read_checkpoint
-    from marl_llm.evaluation import evaluate
-    from marl_llm.export import AGENTS_DIR, load_agents
-    from marl_llm.trainer import _fmt, build, quiet_libraries, seed_everything
+    from marl_llm.runs.checkpoint import read_checkpoint
+    from marl_llm.training.evaluation import evaluate
+    from marl_llm.runs.export import AGENTS_DIR, load_agents
+    from marl_llm.training.trainer import _fmt, build, quiet_libraries, seed_everything
 
     def say(msg: str) -> None:
         print(f"[marl-llm-eval] {msg}", flush=True)

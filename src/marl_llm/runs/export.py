@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from marl_llm.config import UserError
-from marl_llm.models import AgentPolicies, lora_weights
+from marl_llm.models.policies import AgentPolicies, lora_weights
 
 AGENTS_DIR = "agents"
 MANIFEST = "agents.json"

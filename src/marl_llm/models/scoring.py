@@ -33,7 +33,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from marl_llm import fsdp
+from marl_llm.distributed import fsdp
 
 # Elements of one chunk's [rows, V] logits: rows = LOGIT_CHUNK_ELEMENTS // V (341 rows of
 # SmolLM2's 49k vocabulary, 110 of Qwen's 152k). Measured on SmolLM2's head (CPU, fwd + bwd of

@@ -1,0 +1,1 @@
+"""`marl-llm-report`: tables, statistics and plots over finished runs."""

@@ -1,0 +1,1 @@
+"""Run I/O: run dirs, checkpoints, metric loggers, exported agents, atomic writes."""
