@@ -47,7 +47,7 @@ Sources:
 
 
 def compose(preset: str):
-    from marl_llm.cli.train import compose_config
+    from marl_llm.configure import compose_config
 
     return compose_config([f"experiment={preset}", "run_dir=/tmp/fidelity"])
 

@@ -48,7 +48,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 def compose_config(overrides: list[str]):
     """The real config from conf/, as the CLI composes it (run_dir set explicitly)."""
-    from marl_llm.cli.train import compose_config as compose
+    from marl_llm.configure import compose_config as compose
 
     return compose(overrides)
 

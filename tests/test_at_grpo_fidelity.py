@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from conftest import REPO, TEST_DEVICE, compose_config
 from marl_llm.algos.at_grpo import ATGRPO, ATTree, filter_groups
-from marl_llm.config import validate
+from marl_llm.configure import validate
 from marl_llm.envs.plan_path import PlanPathEnv
 from marl_llm.envs.sokoban import SokobanEnv
 from marl_llm.models.policies import Agent

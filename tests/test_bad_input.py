@@ -50,7 +50,8 @@ def test_a_negative_seed_is_refused_before_anything_loads(tmp_path):
 
 @pytest.mark.parametrize("seed,ok", [(0, True), (2**32 - 1, True), (2**32, False), (-1, False)])
 def test_seed_range_is_numpys(seed, ok):
-    from marl_llm.config import UserError, validate
+    from marl_llm.config import UserError
+    from marl_llm.configure import validate
 
     cfg = compose_config([f"seed={seed}", "run_dir=/tmp/x"])
     if ok:
@@ -182,15 +183,18 @@ def test_a_misspelled_agent_in_agent_sampling_lists_the_agents(tmp_path):
                                        ["task=strbuild", "task.palettes=[[a],[b],[c]]"],
                                        ["task=tldr", "algo=single"]])
 def test_validate_knows_the_agents_the_tasks_have(overrides):
-    """config.validate's agent names (known before torch loads) are the Task classes' own."""
+    """The agent names validation knows before the task loads (Task.agents_for, Algorithm.agents_for)
+    are the loaded task's own."""
     from marl_llm.algos import algorithm_class
     from marl_llm.cli.train import map_overrides
-    from marl_llm.config import UserError, _agent_names, validate
+    from marl_llm.config import UserError
+    from marl_llm.configure import validate
     from marl_llm.tasks import build_task
 
     cfg = compose_config([*overrides, "run_dir=/tmp/x"])
     task = algorithm_class(cfg.algo.name).task_view(build_task(cfg.task), cfg.algo)
-    assert _agent_names(cfg) == tuple(task.agent_names)
+    known = algorithm_class(cfg.algo.name).agents_for(type(build_task(cfg.task)).agents_for(cfg.task))
+    assert known == tuple(task.agent_names)
     for agent in task.agent_names:
         per_agent = f"algo.agent_sampling.{agent}.top_p=0.5"
         validate(compose_config(map_overrides([*overrides, "run_dir=/tmp/x", per_agent])))

@@ -146,7 +146,8 @@ def test_reference_quirks_in_isolation():
 
 
 def test_own_prompts_unchanged_and_switch_through_the_config():
-    from marl_llm.config import UserError, validate
+    from marl_llm.config import UserError
+    from marl_llm.configure import validate
 
     own = compose_config(["task=humaneval"])
     assert own.task.prompts == "own"

@@ -170,7 +170,8 @@ def test_variant_switch_reaches_the_right_reward(tmp_path, task_name) -> None:
 
 
 def test_unknown_variant_is_rejected(tmp_path) -> None:
-    from marl_llm.config import UserError, validate
+    from marl_llm.config import UserError
+    from marl_llm.configure import validate
 
     cfg = compose_config(["task=humaneval", "task.reward.variant=reference", f"run_dir={tmp_path}"])
     with pytest.raises(UserError, match="task.reward.variant"):

@@ -12,7 +12,8 @@ from conftest import compose_config
 from marl_llm.algos import build_algorithm
 from marl_llm.algos.collm import joint_history, trajectories
 from marl_llm.algos.returns import gae, td0
-from marl_llm.config import UserError, validate
+from marl_llm.config import UserError
+from marl_llm.configure import validate
 from marl_llm.models.policies import AgentPolicies
 from marl_llm.rollout.decode import HFRollout
 from marl_llm.tasks import build_task

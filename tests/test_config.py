@@ -11,7 +11,8 @@ from omegaconf.errors import ConfigKeyError
 
 from conftest import REPO, VENV_BIN, compose_config
 from marl_llm.cli.train import unknown_key_error
-from marl_llm.config import UserError, validate
+from marl_llm.config import UserError
+from marl_llm.configure import validate
 
 GROUPS = ["algo", "task", "model", "logger", "trainer", "experiment", "sweep"]
 

@@ -12,7 +12,8 @@ from torch.overrides import TorchFunctionMode
 
 from conftest import compose_config, make_policies, tiny_overrides
 from marl_llm.rollout import decode as rollout
-from marl_llm.config import UserError, validate
+from marl_llm.config import UserError
+from marl_llm.configure import validate
 from marl_llm.rollout.mixed_lora import MixedLoRA
 from marl_llm.models.prompting import encode_prompt
 from marl_llm.rollout.decode import COMPACT_EVERY, PerRowSampling, SamplingParams, decode, sample_rows

@@ -13,7 +13,8 @@ from conftest import TEST_DEVICE, compose_config, tiny_overrides
 from marl_llm.distributed import fsdp
 from marl_llm.models import policies as models
 from marl_llm.runs.checkpoint import load_checkpoint
-from marl_llm.config import UserError, validate
+from marl_llm.config import UserError
+from marl_llm.configure import validate
 from marl_llm.models.policies import AgentPolicies
 from marl_llm.rollout.decode import GenRequest, HFRollout, SamplingParams, encode_prompt
 from marl_llm.training.trainer import build, train, train_step

@@ -81,8 +81,10 @@ def test_swept_keys_come_from_the_command_line_and_sweep_presets(tmp_path):
 STUB = """\
 import json, os, sys
 import hydra
-from marl_llm.cli.train import config_dir  # the resolvers and schemas
+from marl_llm.configure import config_dir, register_configs  # and the resolvers
 from marl_llm.runs.loggers import run_identity, sweep_dir, swept_overrides
+
+register_configs()
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
 def main(cfg):

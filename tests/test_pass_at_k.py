@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from marl_llm.training.evaluation import mean_pass_at_k, pass_at_k
+from marl_llm.training.rollout_metrics import mean_pass_at_k, pass_at_k
 
 
 def brute_force(n: int, c: int, k: int) -> float:

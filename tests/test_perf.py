@@ -11,7 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import compose_config, make_policies, tiny_overrides
 from marl_llm.training import perf
-from marl_llm.config import UserError, validate
+from marl_llm.config import UserError
+from marl_llm.configure import validate
 from marl_llm.rollout.decode import GenRequest, HFRollout, SamplingParams, decode
 
 # The tiny Llama of conftest.build_tiny_model: hidden 32, MLP 64, 2 layers, 2 heads of 16, 1 KV head.

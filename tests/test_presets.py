@@ -18,8 +18,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from conftest import REPO, compose_config
-from marl_llm.cli.train import config_dir
-from marl_llm.config import validate
+from marl_llm.configure import config_dir
+from marl_llm.configure import validate
 
 
 def options(group: str) -> list[str]:
@@ -232,8 +232,9 @@ STUB = """\
 import json, os
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from marl_llm.cli.train import config_dir  # registers the schemas and the sweep-subdir resolver
-from marl_llm.config import validate
+from marl_llm.configure import config_dir, register_configs, validate  # and the sweep-subdir resolver
+
+register_configs()  # the schemas, as the console script stores them before Hydra composes
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
 def main(cfg):

@@ -60,7 +60,7 @@ def test_template_options_are_checked_and_passed(tokenizer):
 
 def test_config_rejects_bad_chat_template_values():
     from conftest import compose_config
-    from marl_llm.config import validate
+    from marl_llm.configure import validate
 
     with pytest.raises(UserError, match="model.chat_template"):
         validate(compose_config(["model.chat_template=maybe", "run_dir=/tmp/x"]))

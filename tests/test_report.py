@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from marl_llm.report.cli import (aggregate, draw_eval_reward, draw_final, draw_train_reward, find_runs,
-                              fresh_report_dir, iqm, main, mean_std, stratified_bootstrap_ci, write_report)
+from marl_llm.report.aggregate import aggregate
+from marl_llm.report.cli import fresh_report_dir, main, write_report
+from marl_llm.report.plots import _pyplot, draw_eval_reward, draw_final, draw_train_reward
+from marl_llm.report.runs import find_runs
+from marl_llm.report.stats import iqm, mean_std, stratified_bootstrap_ci
 
 PNG_MAGIC = b"\x89PNG"
 
@@ -434,8 +437,6 @@ def test_csv_and_json_formats_parse(tmp_path, capsys):
 
 @pytest.fixture
 def axes():
-    from marl_llm.report.cli import _pyplot
-
     plt = _pyplot()
     fig, ax = plt.subplots()
     yield ax
@@ -478,8 +479,6 @@ def test_eval_points_are_not_joined(tmp_path, axes):
 
 
 def test_colours_are_stable_across_reports(tmp_path):
-    from marl_llm.report.cli import _pyplot
-
     first, second = tmp_path / "first", tmp_path / "second"
     build_tldr(first)  # parallel, magrpo
     for name in ("discussion", "sequential"):  # more groups ahead of magrpo in the table

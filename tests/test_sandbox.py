@@ -516,8 +516,8 @@ NO_USERNS_CHECK = r"""
 import logging, sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 from marl_llm.config import UserError
-from marl_llm.sandbox import SandboxLimits, Status, isolation, require_isolation, run_tests
-print("REASON", isolation.namespaces_error())
+from marl_llm.sandbox import SandboxLimits, Status, namespaces_error, require_isolation, run_tests
+print("REASON", namespaces_error())
 try:
     require_isolation(SandboxLimits())
     print("NOT REFUSED")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from marl_llm.sandbox import SandboxLimits, Status, TestOutcome, isolation, run_tests_many
+from marl_llm.sandbox import SandboxLimits, Status, TestOutcome, isolation, namespaces_error, run_tests_many
 
 PROBLEM = "HumanEval/0"
 LIMITS = SandboxLimits(timeout_s=3.0, memory_mb=512, tmp_mb=16, tmp_inodes=1000)
@@ -470,4 +470,4 @@ def test_the_unprivileged_run_is_unprivileged() -> None:
     if os.environ.get("MARL_LLM_UNPRIVILEGED_RUN") != "1":
         pytest.skip("only in the unprivileged re-run")
     assert os.geteuid() == UNPRIVILEGED_UID and isolation.cgroup_base() is None
-    assert isolation.namespaces_error() is None
+    assert namespaces_error() is None

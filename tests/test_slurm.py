@@ -33,7 +33,7 @@ cluster:
 def conf_copy(tmp_path: Path, local_yaml: str | None = None) -> Path:
     """A copy of the real conf/ whose local/default.yaml is `local_yaml` (or absent), so that a
     developer's own conf/local/default.yaml never leaks into a test, nor a test into it."""
-    from marl_llm.cli.train import config_dir
+    from marl_llm.configure import config_dir
 
     conf = tmp_path / "conf"
     shutil.copytree(config_dir(), conf, ignore=shutil.ignore_patterns("__pycache__"))
@@ -47,7 +47,7 @@ def compose_hydra(conf: Path, overrides: list[str]):
     """The config with its `hydra` node, as `marl-llm -m <overrides>` composes it."""
     from hydra import compose, initialize_config_dir
 
-    from marl_llm.config import register_configs
+    from marl_llm.configure import register_configs
 
     register_configs()
     with initialize_config_dir(str(conf), version_base="1.3"):

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import compose_config
-from marl_llm.config import UserError, validate
+from marl_llm.config import UserError
+from marl_llm.configure import validate
 from marl_llm.models.prompting import Message, PromptFormat, encode_prompt
 from marl_llm.tasks import build_task
 from marl_llm.tasks.base import Problem, Turn

@@ -24,7 +24,8 @@ import torch
 from conftest import compose_config, make_policies, tiny_overrides
 from marl_llm.algos.losses import policy_loss
 from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
-from marl_llm.config import UserError, validate
+from marl_llm.config import UserError
+from marl_llm.configure import validate
 from marl_llm.models.prompting import encode_prompt
 from marl_llm.rollout.decode import Completion, GenRequest, SamplingParams, completion_logprobs, to_completion
 from marl_llm.rollout import vllm as vllm_rollout

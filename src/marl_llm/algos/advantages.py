@@ -132,14 +132,22 @@ BaselineFn = Callable[[Tensor, GroupIndex], Tensor]
 BASELINES: dict[str, BaselineFn] = {}
 # Smallest group a baseline is defined on; dense `group_advantages` enforces it.
 BASELINE_MIN_GROUP_SIZE: dict[str, int] = {}
+# Baselines that subtract a statistic of the sibling group: a group of one gets advantage 0 from
+# them, so config validation asks for algo.num_generations >= 2 (raw, which ignores the group, not).
+GROUP_BASELINES: set[str] = set()
 
 
-def register_baseline(name: str, *, min_group_size: int = 1) -> Callable[[BaselineFn], BaselineFn]:
-    """Register ``fn(values: Tensor[n], groups: GroupIndex) -> Tensor[n]`` under ``name``."""
+def register_baseline(name: str, *, min_group_size: int = 1,
+                      uses_group: bool = True) -> Callable[[BaselineFn], BaselineFn]:
+    """Register ``fn(values: Tensor[n], groups: GroupIndex) -> Tensor[n]`` under ``name``, chosen
+    with ``algo.baseline=<name>``. ``min_group_size``: the smallest group it is defined on;
+    ``uses_group``: whether it subtracts a statistic of the group (then G >= 2 is required)."""
 
     def decorator(fn: BaselineFn) -> BaselineFn:
         registrar(BASELINES, "baseline")(name)(fn)
         BASELINE_MIN_GROUP_SIZE[name] = min_group_size
+        if uses_group:
+            GROUP_BASELINES.add(name)
         return fn
 
     return decorator
@@ -172,7 +180,7 @@ def max_baseline(values: Tensor, groups: GroupIndex) -> Tensor:
     return values - groups.amax(values)[groups.ids]
 
 
-@register_baseline("raw")
+@register_baseline("raw", uses_group=False)
 def raw_baseline(values: Tensor, groups: GroupIndex) -> Tensor:
     """Plain REINFORCE: A_g = R_g."""
     return values.clone()

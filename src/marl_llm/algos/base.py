@@ -17,9 +17,9 @@ import torch
 
 from marl_llm.training.episodes import JointNode, JointTree, Terminate, collect_tree
 from marl_llm.models.policies import AgentPolicies
-from marl_llm.registry import registrar
+from marl_llm.registry import schema_registrar
 from marl_llm.rollout.decode import Completion, Rollout, SamplingParams
-from marl_llm.training.evaluation import reward_metrics
+from marl_llm.training.rollout_metrics import reward_metrics
 from marl_llm.tasks.base import Problem, Task, import_submodules
 from marl_llm.tasks.turn_based import TurnTask, collect_episode_tree
 
@@ -55,6 +55,11 @@ class Algorithm(ABC):
         """The task as this algorithm's agents see it (algo=single: one agent doing every part)."""
         return task
 
+    @classmethod
+    def agents_for(cls, task_agents: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        """The agents of `task_view`, from the task's own (`Task.agents_for`) before anything loads."""
+        return task_agents
+
     def __init__(self, cfg: Any, task: Task, policies: AgentPolicies, rollout: Rollout,
                  micro_batch_size: int = 8):
         self.cfg = cfg
@@ -87,7 +92,7 @@ class Algorithm(ABC):
         threshold = self.cfg.get("early_termination")
         if threshold is None:
             return None
-        shift = self.task.cfg.reward_shift
+        shift = self.task.reward_shift
         if self.cfg.get("early_termination_rule", "joint_action") == "node_mean":
             def node_mean(group: list[JointNode]) -> list[bool]:
                 mean = sum(n.reward.total + shift for n in group) / len(group)
@@ -105,7 +110,7 @@ class Algorithm(ABC):
 
     def rollout_metrics(self, tree: JointTree) -> dict[str, float]:
         """Training-rollout metrics (reward, reward_std, per turn and level; TRL names)."""
-        return reward_metrics(tree, self.task.cfg.reward_shift)
+        return reward_metrics(tree, self.task.reward_shift)
 
     @abstractmethod
     def collect(self, problems: list[Problem]) -> JointTree:
@@ -147,8 +152,9 @@ def generation_default_top_k(model) -> int:
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
 
 
-# Class decorator: `@register_algorithm("name")` makes an Algorithm available as `algo=<name>`.
-register_algorithm = registrar(ALGORITHMS, "algorithm")
+# Class decorator: `@register_algorithm("name", schema=NameConfig)` makes an Algorithm available as
+# `algo=<name>`, its config keys typed and checked by its schema (a PolicyConfig subclass).
+register_algorithm = schema_registrar(ALGORITHMS, "algorithm", "algo")
 
 
 def algorithm_class(name: str) -> type[Algorithm]:

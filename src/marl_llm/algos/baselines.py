@@ -17,12 +17,33 @@ from __future__ import annotations
 
 from typing import Any
 
+from dataclasses import dataclass
+
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
-from marl_llm.algos.magrpo import MAGRPO
+from marl_llm.algos.magrpo import MAGRPO, MAGRPOConfig
 from marl_llm.training.episodes import JointTree, Terminate, collect_tree
 from marl_llm.rollout.decode import SamplingParams
-from marl_llm.config import UserError
+from marl_llm.config import PolicyConfig, UserError
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn
+
+
+@dataclass
+class PromptBaselineConfig(PolicyConfig):
+    """The prompt-only multi-agent baselines (evaluation only, greedy): parallel | sequential |
+    discussion. Only `sampling.max_new_tokens` matters for greedy evaluation; temperature and
+    top_p apply to sampled pass@k (trainer.eval_num_samples). The policy keys only shape the
+    untrained (zero-initialized) adapters."""
+
+    learning_rate: float = 1e-5
+
+
+@dataclass
+class SingleConfig(MAGRPOConfig):
+    """One agent does the whole job (both parts in one answer), scored by the same joint reward
+    and trained with GRPO (= MAGRPO with one agent)."""
+
+    name: str = "single"
+    num_turns: int = 1
 
 
 class SingleAgentTask(Task):
@@ -55,11 +76,15 @@ class SingleAgentTask(Task):
         return [self.inner.single_next_prompt(problem, histories[0], reward)]
 
 
-@register_algorithm("single")
+@register_algorithm("single", schema=SingleConfig)
 class SingleAgent(MAGRPO):
     @classmethod
     def task_view(cls, task: Task, cfg: Any) -> Task:
         return SingleAgentTask(task)
+
+    @classmethod
+    def agents_for(cls, task_agents: tuple[str, ...] | None) -> tuple[str, ...]:
+        return SingleAgentTask.agent_names
 
 
 class PromptOnly(Algorithm):
@@ -81,21 +106,21 @@ class PromptOnly(Algorithm):
         raise RuntimeError(f"algo={self.cfg.name} is evaluation-only")
 
 
-@register_algorithm("parallel")
+@register_algorithm("parallel", schema=PromptBaselineConfig)
 class Parallel(PromptOnly):
     def rollout_tree(self, problems: list[Problem], widths: list[int], sampling: list[SamplingParams],
                      terminate: Terminate | None = None, joint_mode: str = "align") -> JointTree:
         return collect_tree(self.task, self.rollout.generate, problems, widths[:1], sampling)
 
 
-@register_algorithm("sequential")
+@register_algorithm("sequential", schema=PromptBaselineConfig)
 class Sequential(PromptOnly):
     def rollout_tree(self, problems: list[Problem], widths: list[int], sampling: list[SamplingParams],
                      terminate: Terminate | None = None, joint_mode: str = "align") -> JointTree:
         return collect_tree(self.task, self.rollout.generate, problems, widths[:1], sampling, order="sequential")
 
 
-@register_algorithm("discussion")
+@register_algorithm("discussion", schema=PromptBaselineConfig)
 class Discussion(PromptOnly):
     @property
     def eval_turns(self) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -44,6 +45,16 @@ class UpdateSettings:
     # C of the truncated importance weight min(exp(logp_old - logp_rollout), C) that corrects the
     # sampler/trainer mismatch when completions carry rollout log-probs (vLLM); None: no weighting.
     rollout_is_cap: float | None = 2.0
+    # The per-token surrogate (algos/losses.py POLICY_LOSSES); None: reinforce, or ppo_clip with clip_eps.
+    loss_type: str | None = None
+
+    @classmethod
+    def from_config(cls, a: Any, **overrides: Any) -> "UpdateSettings":
+        """The settings an algorithm config `a` (algo.*) gives: its PPO keys, aggregation, gradient
+        clipping, rollout IS cap and loss; `overrides` for what the algorithm sets itself."""
+        return cls(**{"epochs": a.ppo_epochs, "clip_eps": a.clip_eps, "aggregation": a.loss_aggregation,
+                      "max_grad_norm": a.max_grad_norm, "rollout_is_cap": a.rollout_is_cap,
+                      "loss_type": a.get("loss_type"), **overrides})
 
 
 def lr_schedulers(optimizers: list[torch.optim.Optimizer], algo_cfg, max_steps: int,
@@ -176,7 +187,7 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
                         for row, j in enumerate(idx):
                             old_logp[row, :len(old[j])] = old[j]
                     loss, stats = policy_loss(logp, old_logp, advs[idx].to(device), mask, aggregation=s.aggregation,
-                                              clip_eps=s.clip_eps, ref_logp=ref, kl_coef=s.kl_coef,
+                                              clip_eps=s.clip_eps, loss_type=s.loss_type, ref_logp=ref, kl_coef=s.kl_coef,
                                               rollout_logp=rollout_logprobs([comps[j] for j in idx], logp),
                                               rollout_is_cap=s.rollout_is_cap)
                     # Weights make the micro-batches sum to the mini-batch's loss.

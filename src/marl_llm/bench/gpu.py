@@ -109,8 +109,8 @@ def base_overrides(model_dir: Path, args: argparse.Namespace, run_dir: Path) -> 
 
 
 def compose(overrides: list[str]):
-    from marl_llm.cli.train import compose_config
-    from marl_llm.config import validate
+    from marl_llm.configure import compose_config
+    from marl_llm.configure import validate
 
     cfg = compose_config(overrides)
     validate(cfg)

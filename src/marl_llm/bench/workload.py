@@ -102,8 +102,8 @@ class BenchSystem:
 
 def compose(overrides: list[str]):
     """marl-llm's real config (conf/) for these overrides, as the CLI composes it, validated."""
-    from marl_llm.cli.train import compose_config
-    from marl_llm.config import validate
+    from marl_llm.configure import compose_config
+    from marl_llm.configure import validate
 
     cfg = compose_config(overrides)
     validate(cfg)

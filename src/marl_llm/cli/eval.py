@@ -161,7 +161,7 @@ def _defaults(algo_name: str, task_name: str, task_chosen: bool, out_dir: Path) 
     config; a chosen task=<option> must be one."""
     from hydra.errors import HydraException
 
-    from marl_llm.cli.train import compose_config, config_dir
+    from marl_llm.configure import compose_config, config_dir
 
     options = sorted(p.stem for p in (Path(config_dir()) / "task").glob("*.yaml"))
     if task_chosen and task_name not in options:
@@ -235,7 +235,7 @@ def evaluate_run(args: argparse.Namespace) -> Path:
     cfg = eval_config(run_cfg, list(args.overrides), args.split, out_dir.absolute())
     task, source_agent = agent_map(cfg, run_cfg, [a["name"] for a in manifest["agents"]] if manifest else None)
 
-    from marl_llm.config import validate
+    from marl_llm.configure import validate
 
     validate(cfg)
     try:

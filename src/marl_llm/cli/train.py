@@ -7,120 +7,19 @@
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import importlib.util
 import os
 import re
 import sys
-import typing
 import unicodedata
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from marl_llm.config import (ALGO_SCHEMAS, TASK_SCHEMAS, ClusterConfig, LoggerConfig, ModelConfig, TrainerConfig,
-                             UserError, register_configs, validate)
-
-
-def config_dir() -> str:
-    """conf/ as shipped in the package (wheel or editable install), else the source checkout's."""
-    spec = importlib.util.find_spec("marl_llm.conf")
-    if spec is not None and spec.submodule_search_locations:
-        return str(Path(list(spec.submodule_search_locations)[0]).resolve())
-    return str(Path(__file__).resolve().parents[3] / "conf")
-
-
-def compose_config(overrides: list[str]) -> DictConfig:
-    """The real config from conf/ for these overrides, as the console script composes it (no
-    validation: callers validate, or test invalid values)."""
-    from hydra import compose, initialize_config_dir
-
-    register_configs()
-    with initialize_config_dir(config_dir(), version_base="1.3"):
-        return compose("config", overrides=overrides)
-
-
-register_configs()
-# hydra/job_logging=marl_llm (chosen in conf/config.yaml): the console shows the trainer's lines as
-# `[marl-llm] <message>` (Hydra's default prefixes each with a date, the logger name and the level),
-# and the job log <run dir>/<job name>.log keeps the same lines with their time and level.
-JOB_LOGGING = {
-    "version": 1,
-    "formatters": {"console": {"format": "[marl-llm] %(message)s"},
-                   "file": {"format": "[%(asctime)s][%(levelname)s][%(name)s] %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "console", "stream": "ext://sys.stdout"},
-                 "file": {"class": "logging.FileHandler", "formatter": "file",
-                          "filename": "${hydra.runtime.output_dir}/${hydra.job.name}.log"}},
-    "root": {"level": "INFO", "handlers": ["console", "file"]},
-    "disable_existing_loggers": False,
-}
-ConfigStore.instance().store(group="hydra/job_logging", name="marl_llm", node=JOB_LOGGING, provider="marl_llm")
-# Sweep subdirs: <overrides>/seed=<s>, so the seeds of one configuration sit side by side (and a
-# seed-only sweep gets seed=<s>, not an absolute "/seed=<s>").
-OmegaConf.register_new_resolver(
-    "marl_llm_sweep_subdir", lambda overrides, seed: f"{overrides}/seed={seed}" if overrides else f"seed={seed}",
-    replace=True)
-RUN_DIR_NOT_MADE = "<made when the run starts: hydra.run.dir>"
-
-
-def run_dir_of_job() -> str:
-    """`run_dir`: the dir Hydra made for this job. `--cfg job --resolve` and `--info` print the config
-    without making one; they show this placeholder instead of failing. Outside Hydra (compose in
-    tests and tools) it fails as before: such callers set run_dir themselves."""
-    from hydra.core.hydra_config import HydraConfig
-
-    made = OmegaConf.select(HydraConfig.get(), "runtime.output_dir", default=None)  # None or ??? until made
-    return RUN_DIR_NOT_MADE if made is None else str(made)
-
-
-def model_dir_name(path: Any) -> str:
-    """`model=local`'s name: its checkpoint directory's name (`/data/Qwen2.5-Coder-3B` ->
-    Qwen2.5-Coder-3B), so that runs, W&B names and reports say which model it is."""
-    return Path(os.path.expanduser(str(path))).name or str(path)
-
-
-def data_split(role: str, train_split: str, eval_split: str, files: Any) -> str:
-    from marl_llm.tasks.data import default_split  # light, but not needed for --help
-
-    return default_split(role, train_split, eval_split, dict(files or {}))
-
-
-def public_config_groups() -> str:
-    """The `--help` listing of the groups a user picks from: Hydra's own listing without the
-    private parts (`_matched_*`, shared by presets), the dataclass schemas (`*_schema`) and
-    example files, plus the launcher presets (`hydra/launcher`)."""
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.object_type import ObjectType
-
-    if not GlobalHydra.instance().is_initialized():  # the help template resolved outside Hydra
-        return "(the groups: marl-llm --help)"
-    loader = GlobalHydra.instance().config_loader()
-
-    def groups(parent: str = "") -> list[str]:
-        found = []
-        for child in loader.list_groups(parent):
-            name = f"{parent}/{child}" if parent else child
-            found += [name, *groups(name)]
-        return found
-
-    lines = []
-    for group in sorted(g for g in groups() if not g.startswith("hydra") or g == "hydra/launcher"):
-        options = [o for o in sorted(loader.get_group_options(group, ObjectType.CONFIG))
-                   if not o.startswith("_") and not o.endswith(("_schema", ".example"))]
-        if options:
-            lines.append(f"{group}: {', '.join(options)}")
-    return "\n".join(lines)
-
-
-OmegaConf.register_new_resolver("marl_llm_run_dir", run_dir_of_job, replace=True)
-OmegaConf.register_new_resolver("marl_llm_model_dir_name", model_dir_name, replace=True)
-OmegaConf.register_new_resolver("marl_llm_data_split", data_split, replace=True)
-OmegaConf.register_new_resolver("marl_llm_config_groups", public_config_groups, replace=True)
+from marl_llm.config import TrainerConfig, UserError, walk_key
+from marl_llm.configure import (config_dir, map_overrides, option_schemas, plugin_overrides, plugins_from_overrides,
+                               register_configs, validate)
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
@@ -128,8 +27,7 @@ def _hydra_main(cfg: DictConfig) -> float:
     from marl_llm.runs.rundir import Interrupted
 
     try:
-        validate(cfg)  # before any heavy import: bad values fail in a second
-        # Imported here so that `--help`, `--cfg job` and config errors stay fast (no torch import).
+        validate(cfg)  # before any model loads: bad values fail in seconds
         from marl_llm.training.trainer import train
 
         return train(cfg)
@@ -145,70 +43,18 @@ def _hydra_main(cfg: DictConfig) -> float:
         sys.exit(130)
 
 
-def _chosen_schemas(args: list[str]) -> tuple[dict[str, Any], bool]:
-    """Top-level schema per config group for these overrides, and whether a preset is chosen."""
-    chosen = {"algo": "magrpo", "task": "humaneval"}
-    for a in args:
-        group, _, option = a.partition("=")
-        if group in chosen:
-            chosen[group] = option
-    schemas: dict[str, Any] = {"model": ModelConfig, "logger": LoggerConfig, "trainer": TrainerConfig,
-                               "cluster": ClusterConfig}
-    schemas["algo"] = ALGO_SCHEMAS.get(chosen["algo"])
-    schemas["task"] = TASK_SCHEMAS.get(chosen["task"])
-    return schemas, any(a.startswith(("experiment=", "sweep=")) for a in args)
-
-
-def _walk(key: str, schemas: dict[str, Any], preset: bool) -> tuple[str, Any, str | None]:
-    """Follow a dotted key through the schemas: ("ok" | "map" | "unknown" | "skip", ..., error)."""
-    parts = key.split(".")
-    head = parts[0]
-    if head not in schemas or (preset and head in ("algo", "task")):
-        return "skip", None, None
-    schema, path = schemas[head], head
-    for part in parts[1:]:
-        if typing.get_origin(schema) is dict or schema in (dict, Dict):
-            return "map", schema, None
-        if schema is None or not dataclasses.is_dataclass(schema):
-            return "skip", None, None
-        names = [f.name for f in dataclasses.fields(schema)]
-        if part not in names:
-            close = difflib.get_close_matches(part, names, n=1)
-            hint = f" Did you mean {path}.{close[0]}?" if close else ""
-            return "unknown", None, (f"unknown config key {path}.{part} ({schema.__name__}).{hint} "
-                                     f"Valid keys of {path}: {', '.join(names)}")
-        schema = typing.get_type_hints(schema).get(part)
-        if typing.get_origin(schema) is typing.Union:  # Optional[Dict[...]]
-            schema = next((t for t in typing.get_args(schema) if t is not type(None)), schema)
-        path = f"{path}.{part}"
-    return ("map" if typing.get_origin(schema) is dict else "ok"), schema, None
-
-
 def unknown_key_error(args: list[str]) -> str | None:
     """Hydra rejects a misspelled key without naming the valid ones; say them (and the likely
     intended key) before Hydra runs. Keys of groups chosen by an experiment preset are left to
     Hydra, whose own error still stops the run."""
-    schemas, preset = _chosen_schemas(args)
+    schemas, preset = option_schemas(args)
     for a in args:
         if a.startswith(("-", "+", "~", "hydra.")) or "=" not in a:
             continue
-        kind, _, err = _walk(a.split("=", 1)[0], schemas, preset)
+        kind, _, err = walk_key(a.split("=", 1)[0], schemas, preset)
         if kind == "unknown":
             return err
     return None
-
-
-def map_overrides(args: list[str]) -> list[str]:
-    """`algo.policy_map={tool:a,plan:b}` or `task.data.files.train=x.jsonl`: keys of a map field
-    (empty by default) are new to Hydra's struct config, which would refuse them; `++` sets them."""
-    schemas, preset = _chosen_schemas(args)
-    out = []
-    for a in args:
-        if not a.startswith(("-", "+", "~", "hydra.")) and "=" in a:
-            if _walk(a.split("=", 1)[0], schemas, preset)[0] == "map":
-                a = "++" + a
-        out.append(a)
-    return out
 
 
 def named_dir_check(args: list[str]) -> None:
@@ -343,11 +189,17 @@ def run_dir_check(args: list[str]) -> None:
 
 
 def main() -> None:
-    err = lookalike_error(sys.argv[1:]) or unknown_key_error(sys.argv[1:])
+    err, searchpath = lookalike_error(sys.argv[1:]), []
+    if err is None:
+        try:  # the algorithms, tasks and plugins register their schemas before the overrides are read
+            searchpath = register_configs(plugins_from_overrides(sys.argv[1:]))
+        except UserError as e:
+            err = str(e)
+    err = err or unknown_key_error(sys.argv[1:])
     if err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    sys.argv[1:] = map_overrides(sys.argv[1:])
+    sys.argv[1:] = map_overrides(plugin_overrides(sys.argv[1:], searchpath))
     try:
         run_dir_check(sys.argv[1:])
         named_dir_check(sys.argv[1:])  # every rank, before rank_overrides' first collective

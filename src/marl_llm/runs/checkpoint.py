@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from marl_llm.runs.atomic import atomic_write, atomic_write_text  # noqa: F401  (re-exported)
+from marl_llm.runs.atomic import atomic_write
 from marl_llm.config import UserError
 from marl_llm.models.policies import AgentPolicies
 from marl_llm.runs.rundir import CHECKPOINT, PREVIOUS
@@ -227,10 +227,10 @@ def free_on_resume(key: str, old_config: dict[str, Any]) -> bool:
 def added_setting(key: str, cfg: DictConfig) -> bool:
     """A config field the checkpoint's marl-llm did not have yet (its behaviour then was the
     field's default); a key added to a map (algo.policy_map.<agent>) is not one."""
-    from marl_llm.cli.train import _chosen_schemas, _walk
+    from marl_llm.config import chosen_schemas, walk_key
 
-    schemas, _ = _chosen_schemas([f"algo={cfg.algo.get('name')}", f"task={cfg.task.get('name')}"])
-    return _walk(key, schemas, False)[0] == "ok"
+    schemas, _ = chosen_schemas([f"algo={cfg.algo.get('name')}", f"task={cfg.task.get('name')}"])
+    return walk_key(key, schemas, False)[0] == "ok"
 
 
 def _show(value: Any) -> str:

@@ -131,7 +131,7 @@ def code_version() -> dict[str, Any]:
     per process: the modules it has imported are the code that runs."""
     from importlib import metadata
 
-    import marl_llm
+    from marl_llm.version import __version__
 
     def version(dist: str) -> str | None:
         try:
@@ -139,9 +139,9 @@ def code_version() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             return None
 
-    info: dict[str, Any] = {"marl_llm": version("marl-llm") or marl_llm.__version__, "git_commit": None,
+    info: dict[str, Any] = {"marl_llm": version("marl-llm") or __version__, "git_commit": None,
                             "git_dirty": None}
-    package = Path(marl_llm.__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # src/marl_llm
 
     def git(where: Path, *args: str) -> str | None:
         try:

@@ -3,12 +3,13 @@
 * `layout()`: the candidate's private root: the sandbox interpreter's standard library and the
   directories of the shared libraries its extension modules load (found with `ldd`), read-only,
   with every site-packages / dist-packages below them masked; three harmless devices.
-* `namespaces_error()`: why this kernel refuses the namespaces the sandbox needs (None when it
-  allows them); measured by confining one empty program, not guessed from sysctls.
 * `MemoryCgroup`: a memory cgroup per run (v2, or v1's memory controller) where this process may
   create one (root, or a delegated v2 subtree): one cap over all of a run's processes and its
   /tmp. Without one, the candidate gets a single task (no fork, no threads) so that its
   RLIMIT_AS is a cap over the whole run.
+
+Whether this kernel lets the sandbox create its namespaces at all is measured by confining one
+program (confinement.py); this module starts no run and imports nothing of the sandbox.
 """
 
 from __future__ import annotations
@@ -96,14 +97,6 @@ def layout() -> Layout:
     binds += [(d, "dev") for d in DEVICES if os.path.exists(d)]
     symlinks = tuple((p, os.readlink(p)) for p in _TOP_SYMLINKS if os.path.islink(p))
     return Layout(tuple(binds), symlinks, tuple(masks))
-
-
-@functools.lru_cache(maxsize=None)
-def namespaces_error() -> str | None:
-    """None when a program can be confined here; else the reason, in a few words."""
-    from marl_llm.sandbox.runner import probe_confinement
-
-    return probe_confinement()
 
 
 # ------------------------------------------------------------------------------------------------

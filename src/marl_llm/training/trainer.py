@@ -42,7 +42,8 @@ from marl_llm.algos import algorithm_class, build_algorithm
 from marl_llm.algos.update import lr_schedulers
 from marl_llm.runs.atomic import atomic_write_text
 from marl_llm.runs.checkpoint import check_resume_config, read_checkpoint, restore_checkpoint, save_checkpoint
-from marl_llm.config import UserError, validate
+from marl_llm.config import UserError
+from marl_llm.configure import validate
 from marl_llm.training.episodes import JointTree
 from marl_llm.training.evaluation import evaluate
 from marl_llm.runs.export import export_agents
@@ -466,7 +467,8 @@ def build(cfg: DictConfig, task: Any = None) -> Setup:
     # Prompt-only baselines are evaluated, never trained.
     max_steps = tc.max_steps if algo_cls.trainable else 0
     train_set = task.load_split("train") if max_steps > 0 else []
-    eval_set = task.load_split("eval")[: tc.eval_max_problems or None]
+    evaluates = tc.eval_before or tc.eval_after or tc.eval_every > 0  # else a task needs no eval data
+    eval_set = task.load_split("eval")[: tc.eval_max_problems or None] if evaluates else []
     fsdp.check_supported(cfg)
     if max_steps > 0:
         check_trainable_dtype(resolve_dtype(cfg.model.dtype, resolve_device(cfg.model.device)))

@@ -10,7 +10,7 @@ programs never run in the calling process: each runs in a separate sandboxed pro
 import datasets
 import evaluate
 
-from marl_llm.training.evaluation import mean_pass_at_k
+from marl_llm.training.rollout_metrics import mean_pass_at_k
 from marl_llm.sandbox import SandboxLimits, run_tests_many
 
 

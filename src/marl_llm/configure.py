@@ -1,0 +1,234 @@
+"""Composing and checking a run's config, the same way for the console scripts, the Python API
+and the tests.
+
+`register_configs` loads the algorithms, tasks and plugins (marl_llm.plugins) and stores every
+schema in Hydra's ConfigStore: the shared ones (marl_llm.config) and each registered algorithm's
+and task's (`<group>/<name>_schema`, named first in the option's YAML). `compose_config` composes
+conf/ (plus the plugins' search path) for a list of overrides. `validate` checks what types cannot:
+the shared keys, the names that registries define (baselines, losses, aggregations), and the chosen
+algorithm's and task's own `check`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from marl_llm.config import (SHARED_SCHEMAS, RootConfig, UserError, check_agent_sampling, check_choice, check_shared,
+                             chosen_schemas, walk_key)
+from marl_llm.plugins import load_plugins
+from marl_llm.registry import SCHEMAS
+
+
+def config_dir() -> str:
+    """conf/ as shipped in the package (wheel or editable install), else the source checkout's."""
+    spec = importlib.util.find_spec("marl_llm.conf")
+    if spec is not None and spec.submodule_search_locations:
+        return str(Path(list(spec.submodule_search_locations)[0]).resolve())
+    return str(Path(__file__).resolve().parents[2] / "conf")
+
+
+# ------------------------------------------------------------------------------- the ConfigStore
+# hydra/job_logging=marl_llm (chosen in conf/config.yaml): the console shows the trainer's lines as
+# `[marl-llm] <message>` (Hydra's default prefixes each with a date, the logger name and the level),
+# and the job log <run dir>/cli.log keeps the same lines with their time and level (a fixed name: Hydra's
+# default, <job name>.log, would follow the console script's module name).
+JOB_LOGGING = {
+    "version": 1,
+    "formatters": {"console": {"format": "[marl-llm] %(message)s"},
+                   "file": {"format": "[%(asctime)s][%(levelname)s][%(name)s] %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "console", "stream": "ext://sys.stdout"},
+                 "file": {"class": "logging.FileHandler", "formatter": "file",
+                          "filename": "${hydra.runtime.output_dir}/cli.log"}},
+    "root": {"level": "INFO", "handlers": ["console", "file"]},
+    "disable_existing_loggers": False,
+}
+
+
+def register_configs(plugins: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Load the built-in options and the plugins, store every schema in the ConfigStore; returns
+    the Hydra search path entries the plugins declare (plugins.load_plugins)."""
+    searchpath = load_plugins(plugins)
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=RootConfig)
+    for group, schema in SHARED_SCHEMAS.items():
+        if group != "cluster":  # a section of the root config, not a group with options
+            cs.store(group=group, name=f"{group}_schema", node=schema)
+    for group, options in SCHEMAS.items():
+        for name, schema in options.items():
+            cs.store(group=group, name=f"{name}_schema", node=schema)
+    cs.store(group="hydra/job_logging", name="marl_llm", node=JOB_LOGGING, provider="marl_llm")
+    return searchpath
+
+
+# ------------------------------------------------------------------------------------ overrides
+def _parse(override: str) -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_override(override)
+
+
+def plugins_from_overrides(args: list[str]) -> list[str]:
+    """The modules a `plugins=[a,b]` (or `plugins=a`) override names, before Hydra composes."""
+    names: list[str] = []
+    for a in args:
+        if a.split("=", 1)[0].lstrip("+") != "plugins" or "=" not in a:
+            continue
+        try:
+            value = _parse(a).value()
+        except Exception as err:  # noqa: BLE001  (Hydra's parse error)
+            raise UserError(f"cannot read {a!r}: {err}; write plugins=[module] or plugins=[a,b]") from None
+        if not isinstance(value, (str, list)):
+            raise UserError(f"{a!r}: plugins are loaded before the config is composed and cannot be swept; "
+                            "name them all in one list, plugins=[a,b]")
+        names += [value] if isinstance(value, str) else [str(v) for v in value]
+    return names
+
+
+def plugin_overrides(args: list[str], searchpath: list[str]) -> list[str]:
+    """`args` as Hydra takes them: `plugins=a` as the list `plugins=[a]`, and the plugins' search path
+    entries appended to `hydra.searchpath` (merged with one given there)."""
+    out = []
+    for a in args:
+        key, eq, value = a.partition("=")
+        if eq and key.lstrip("+") == "plugins" and not value.strip().startswith("["):
+            a = f"{key}=[{value}]"
+        out.append(a)
+    if not searchpath:
+        return out
+    given: list[str] = []
+    for a in [a for a in out if a.partition("=")[0].lstrip("+") == "hydra.searchpath"]:
+        value = _parse(a).value()
+        given += [value] if isinstance(value, str) else [str(v) for v in value]
+        out.remove(a)
+    entries = given + [p for p in searchpath if p not in given]
+    return out + ["hydra.searchpath=[" + ",".join(f"'{p}'" for p in entries) + "]"]
+
+
+def option_schemas(args: list[str]) -> tuple[dict[str, Any], bool]:
+    """config.chosen_schemas, with the built-in options and the named plugins registered first."""
+    load_plugins(plugins_from_overrides(args))
+    return chosen_schemas(args)
+
+
+def map_overrides(args: list[str]) -> list[str]:
+    """`algo.policy_map={tool:a,plan:b}` or `task.data.files.train=x.jsonl`: keys of a map field
+    (empty by default) are new to Hydra's struct config, which would refuse them; `++` sets them."""
+    schemas, preset = option_schemas(args)
+    out = []
+    for a in args:
+        if not a.startswith(("-", "+", "~", "hydra.")) and "=" in a:
+            if walk_key(a.split("=", 1)[0], schemas, preset)[0] == "map":
+                a = "++" + a
+        out.append(a)
+    return out
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The real config from conf/ for these overrides, as the console script composes it, plugins
+    included (no validation: callers validate, or test invalid values)."""
+    from hydra import compose, initialize_config_dir
+
+    searchpath = register_configs(plugins_from_overrides(overrides))
+    with initialize_config_dir(config_dir(), version_base="1.3"):
+        return compose("config", overrides=map_overrides(plugin_overrides(overrides, searchpath)))
+
+
+# ------------------------------------------------------------------------------------ resolvers
+RUN_DIR_NOT_MADE = "<made when the run starts: hydra.run.dir>"
+
+
+def run_dir_of_job() -> str:
+    """`run_dir`: the dir Hydra made for this job. `--cfg job --resolve` and `--info` print the config
+    without making one; they show this placeholder instead of failing. Outside Hydra (compose in
+    tests and tools) it fails as before: such callers set run_dir themselves."""
+    from hydra.core.hydra_config import HydraConfig
+
+    made = OmegaConf.select(HydraConfig.get(), "runtime.output_dir", default=None)  # None or ??? until made
+    return RUN_DIR_NOT_MADE if made is None else str(made)
+
+
+def model_dir_name(path: Any) -> str:
+    """`model=local`'s name: its checkpoint directory's name (`/data/Qwen2.5-Coder-3B` ->
+    Qwen2.5-Coder-3B), so that runs, W&B names and reports say which model it is."""
+    return Path(os.path.expanduser(str(path))).name or str(path)
+
+
+def data_split(role: str, train_split: str, eval_split: str, files: Any) -> str:
+    from marl_llm.tasks.data import default_split
+
+    return default_split(role, train_split, eval_split, dict(files or {}))
+
+
+def public_config_groups() -> str:
+    """The `--help` listing of the groups a user picks from: Hydra's own listing without the
+    private parts (`_matched_*`, shared by presets), the dataclass schemas (`*_schema`) and
+    example files, plus the launcher presets (`hydra/launcher`)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    if not GlobalHydra.instance().is_initialized():  # the help template resolved outside Hydra
+        return "(the groups: marl-llm --help)"
+    loader = GlobalHydra.instance().config_loader()
+
+    def groups(parent: str = "") -> list[str]:
+        found = []
+        for child in loader.list_groups(parent):
+            name = f"{parent}/{child}" if parent else child
+            found += [name, *groups(name)]
+        return found
+
+    lines = []
+    for group in sorted(g for g in groups() if not g.startswith("hydra") or g == "hydra/launcher"):
+        options = [o for o in sorted(loader.get_group_options(group, ObjectType.CONFIG))
+                   if not o.startswith("_") and not o.endswith(("_schema", ".example"))]
+        if options:
+            lines.append(f"{group}: {', '.join(options)}")
+    return "\n".join(lines)
+
+
+# Sweep subdirs: <overrides>/seed=<s>, so the seeds of one configuration sit side by side (and a
+# seed-only sweep gets seed=<s>, not an absolute "/seed=<s>").
+OmegaConf.register_new_resolver(
+    "marl_llm_sweep_subdir", lambda overrides, seed: f"{overrides}/seed={seed}" if overrides else f"seed={seed}",
+    replace=True)
+OmegaConf.register_new_resolver("marl_llm_run_dir", run_dir_of_job, replace=True)
+OmegaConf.register_new_resolver("marl_llm_model_dir_name", model_dir_name, replace=True)
+OmegaConf.register_new_resolver("marl_llm_data_split", data_split, replace=True)
+OmegaConf.register_new_resolver("marl_llm_config_groups", public_config_groups, replace=True)
+
+
+# ----------------------------------------------------------------------------------- validation
+def validate(cfg: DictConfig) -> None:
+    """Check values that types cannot: raises UserError naming the key and the valid range."""
+    from marl_llm.algos.base import ALGORITHMS
+    from marl_llm.algos.losses import AGGREGATIONS, POLICY_LOSSES
+    from marl_llm.tasks.base import TASKS
+    from marl_llm.tasks.data import parse_split
+
+    load_plugins(list(cfg.get("plugins") or ()))  # a config read back from a run dir names its plugins
+    algo, task = cfg.algo.name, cfg.task.name
+    if algo not in ALGORITHMS:
+        raise UserError(f"algo={algo} is not a registered algorithm ({', '.join(sorted(ALGORITHMS))}): load the module "
+                        "that registers it with plugins=[module] or an entry point (docs/extending.md)")
+    if task not in TASKS:
+        raise UserError(f"task={task} is not a registered task ({', '.join(sorted(TASKS))}): load the module that "
+                        "registers it with plugins=[module] or an entry point (docs/extending.md)")
+    check_shared(cfg)
+    if cfg.algo.get("loss_type") is not None:
+        check_choice(cfg, "algo.loss_type", POLICY_LOSSES)
+    if "loss_aggregation" in cfg.algo:
+        check_choice(cfg, "algo.loss_aggregation", AGGREGATIONS)
+    if "data" in cfg.task:
+        for key in ("train_split", "eval_split", "packaged_train_split", "packaged_eval_split"):
+            parse_split(cfg.task.data[key], f"task.data.{key}")
+    task_agents = getattr(TASKS[task], "agents_for", lambda _: None)(cfg.task)
+    check_agent_sampling(cfg, ALGORITHMS[algo].agents_for(task_agents))
+    for schema in (SCHEMAS["algo"].get(algo), SCHEMAS["task"].get(task)):
+        if hasattr(schema, "check"):
+            schema.check(cfg)

@@ -1,0 +1,86 @@
+"""Where the algorithms, tasks, baselines and losses come from.
+
+Each registers itself when its module is imported (`@register_algorithm`, `@register_task`,
+`@register_baseline`, `@register_loss`). Imported here, before a config is composed:
+
+1. the package's own modules (everything under marl_llm.algos and marl_llm.tasks);
+2. the modules that installed packages declare in the `marl_llm.plugins` entry-point group, e.g.
+   in the plugin's pyproject.toml: [project.entry-points."marl_llm.plugins"] my_task = "my_pkg.task";
+3. the modules named by the `plugins` config key (`marl-llm plugins=[my_task] task=my_task`),
+   importable from the installed packages or from PYTHONPATH.
+
+A plugin module may set `CONFIG_SEARCHPATH` (a Hydra search path entry or a list of them, e.g.
+"pkg://my_pkg.conf" or "file:///data/my_conf") where its YAML files live (conf/task/<name>.yaml,
+...); they are added to `hydra.searchpath`. `--config-dir <dir>` and `hydra.searchpath=[...]` work too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import sys
+import traceback
+from types import ModuleType
+
+from marl_llm.config import UserError
+
+ENTRY_POINT_GROUP = "marl_llm.plugins"
+BUILTIN_PACKAGES = ("marl_llm.algos", "marl_llm.tasks")
+
+
+def _import_builtins() -> None:
+    import pkgutil
+
+    for package in BUILTIN_PACKAGES:
+        pkg = importlib.import_module(package)
+        for mod in pkgutil.iter_modules(pkg.__path__):
+            importlib.import_module(f"{package}.{mod.name}")
+
+
+def _where(err: BaseException) -> str:
+    """`file:line` of the innermost frame of the error (the plugin's own line, usually)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    return f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+
+
+def _import_named(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name is not None and (name == err.name or name.startswith(err.name + ".")):
+            raise UserError(f"plugins: no module named {name!r} is importable: install its package, or put the "
+                            f"directory that holds it on PYTHONPATH (PYTHONPATH=<dir> marl-llm plugins=[{name}] ...)"
+                            ) from None
+        raise UserError(f"plugins: importing {name!r} failed: {err}{_where(err)}") from None
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001  (the plugin's own error, named with its line)
+        raise UserError(f"plugins: importing {name!r} failed: {type(err).__name__}: {err}{_where(err)}") from None
+
+
+def _entry_point_modules() -> list[ModuleType]:
+    modules = []
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        source = f" (declared by {dist.name})" if dist is not None else ""
+        try:
+            loaded = ep.load()
+        except Exception as err:  # noqa: BLE001
+            raise UserError(f"the {ENTRY_POINT_GROUP} entry point {ep.name} = {ep.value}{source} failed to load: "
+                            f"{type(err).__name__}: {err}{_where(err)}; fix or uninstall that package") from None
+        modules.append(loaded if isinstance(loaded, ModuleType) else sys.modules[ep.module])
+    return modules
+
+
+def load_plugins(names: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Import the built-in algorithms and tasks, the entry-point plugins and the modules `names`
+    (each once: Python caches modules); returns the Hydra search path entries they declare."""
+    _import_builtins()
+    modules = _entry_point_modules() + [_import_named(str(n)) for n in names]
+    searchpath: list[str] = []
+    for module in modules:
+        declared = getattr(module, "CONFIG_SEARCHPATH", None)
+        for entry in [declared] if isinstance(declared, str) else list(declared or ()):
+            if entry not in searchpath:
+                searchpath.append(str(entry))
+    return searchpath

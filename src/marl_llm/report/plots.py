@@ -1,0 +1,179 @@
+"""Every figure of a report (matplotlib, headless): the training-reward curve, the held-out eval
+reward per eval step, and the dot-and-interval chart of the headline metric; a group's colour, dashes
+and marker follow from its label alone."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from marl_llm.report.aggregate import metric_header
+from marl_llm.report.stats import CI_LEVEL
+from marl_llm.runs.atomic import atomic_write
+
+_LINESTYLES = ("-", "--", "-.", ":")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+# The algorithms every comparison shows get fixed, distinct tab10 colours; other labels hash to one.
+_PINNED_COLORS = {"magrpo": 0, "collm_cc": 1, "collm_dc": 2, "at_grpo": 3, "single": 4, "parallel": 5,
+                  "sequential": 6, "discussion": 7}
+
+
+def group_style(label: str) -> dict[str, Any]:
+    """Colour, line style and marker of a group in every plot of every report: derived from its label
+    alone (sha256, not Python's per-process salted hash), so a method keeps its look across reports,
+    and two groups that share a colour still differ in dashes or markers."""
+    import matplotlib
+
+    digest = hashlib.sha256(label.encode("utf-8")).digest()
+    color = matplotlib.colormaps["tab10"](_PINNED_COLORS.get(label, digest[0] % 10))
+    return {"color": color, "linestyle": _LINESTYLES[digest[1] % len(_LINESTYLES)],
+            "marker": _MARKERS[digest[2] % len(_MARKERS)]}
+
+
+def _pyplot():
+    import matplotlib
+
+    # Agg: no display needed (headless nodes, CI); it must be chosen before pyplot is first imported.
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save_fig(fig: Any, path: Path) -> None:
+    # No "Software" metadata: the PNG bytes then do not change with the matplotlib version.
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120, metadata={"Software": None}))
+
+
+@contextmanager
+def _figure(path: Path, title: str, ylabel: str, size: tuple[float, float] = (7, 4.5), legend: bool = True):
+    """A figure with the report's common frame; saved (atomically) to `path` when the body is done."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=size)
+    try:
+        yield ax
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if legend:
+            ax.legend()
+        fig.tight_layout()
+        _save_fig(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def _x_axis(curves: list[list[dict[str, Any]]]) -> tuple[str, str]:
+    """(curve key, label) of the x axis: joint actions trained on when every point has them (the
+    budget of a matched-budget comparison: methods with different step sizes line up), else steps."""
+    if curves and all("budget" in p for c in curves for p in c):
+        return "budget", "training joint actions"
+    return "step", "step"
+
+
+def _integer_x(ax: Any, xlabel: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel(xlabel)
+    # Steps and joint actions are counts: no 2.5 ticks.
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def draw_train_reward(ax: Any, agg: dict[str, Any]) -> bool:
+    """train/reward per step: a line with markers per group (a one-step run shows its point) and a ± std
+    band (bars for a single step) where the group has several runs. False when no group has train rows."""
+    methods = {m: a for m, a in agg["methods"].items() if a["train_curve"]}
+    if not methods:
+        return False
+    x, xlabel = _x_axis([a["train_curve"] for a in methods.values()])
+    for method, a in methods.items():
+        style = group_style(method)
+        xs = [p[x] for p in a["train_curve"]]
+        ys = [p["mean"] for p in a["train_curve"]]
+        sd = [p["std"] or 0.0 for p in a["train_curve"]]
+        ax.plot(xs, ys, color=style["color"], linestyle=style["linestyle"], marker=style["marker"], markersize=5,
+                markevery=max(1, math.ceil(len(xs) / 12)), label=f"{method} (n={a['n']})")
+        if any(sd):
+            if len(xs) > 1:
+                ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)],
+                                color=style["color"], alpha=0.15, linewidth=0)
+            else:
+                ax.errorbar(xs, ys, yerr=sd, fmt="none", ecolor=style["color"], capsize=3)
+    _integer_x(ax, xlabel)
+    return True
+
+
+def draw_eval_reward(ax: Any, agg: dict[str, Any]) -> bool:
+    """eval/reward at each eval step: points with ± std bars, never joined (nothing was measured between
+    two evaluations); evaluation-only groups as a dashed level from their step-0 point."""
+    methods = {m: a for m, a in agg["methods"].items() if a["eval_curve"]}
+    if not methods:
+        return False
+    trained = [a["eval_curve"] for a in methods.values() if not a["eval_only"]]
+    x, xlabel = _x_axis(trained)
+    max_x = max((p[x] for c in trained for p in c), default=0)
+    for method, a in methods.items():
+        style = group_style(method)
+        label = f"{method} (n={a['n']})"
+        if a["eval_only"]:
+            p = a["eval_curve"][0]
+            ax.axhline(p["mean"], color=style["color"], linestyle="--", linewidth=1.2, label=f"{label}, no training")
+            ax.errorbar([0], [p["mean"]], yerr=[p["std"] or 0.0], color=style["color"], marker=style["marker"],
+                        linestyle="none", capsize=3)
+        else:
+            ax.errorbar([p[x] for p in a["eval_curve"]], [p["mean"] for p in a["eval_curve"]],
+                        yerr=[p["std"] or 0.0 for p in a["eval_curve"]], color=style["color"],
+                        marker=style["marker"], linestyle="none", capsize=3, label=label)
+    ax.set_xlim(-0.05 * max(max_x, 1), max(max_x, 1) * 1.05)
+    _integer_x(ax, xlabel)
+    return True
+
+
+def draw_final(ax: Any, agg: dict[str, Any]) -> bool:
+    """Dot-and-interval chart of the headline metric: one row per group with its IQM (filled marker),
+    bootstrap CI (bar) and each run (hollow markers); matched-budget groups no longer stack at one x."""
+    groups = [(m, a) for m, a in agg["methods"].items() if a["headline"]]
+    if not groups:
+        return False
+    for i, (method, a) in enumerate(groups):
+        y, head, style = len(groups) - 1 - i, a["headline"], group_style(method)
+        ax.plot(head["values"], [y] * len(head["values"]), linestyle="none", marker=style["marker"],
+                markerfacecolor="none", color=style["color"], alpha=0.7, markersize=6)
+        if head["ci_low"] is not None:
+            ax.hlines(y, head["ci_low"], head["ci_high"], colors=[style["color"]], linewidth=2.5)
+        ax.plot([head["iqm"]], [y], linestyle="none", marker=style["marker"], color=style["color"], markersize=9)
+    ax.set_yticks(range(len(groups)))
+    ax.set_yticklabels([f"{m} (n={a['n']})" for m, a in reversed(groups)])
+    ax.set_ylim(-0.6, len(groups) - 0.4)
+    ax.set_xlabel(f"{metric_header(agg['headline'])} at each run's final evaluation")
+    return True
+
+
+def _plot_curves(curve: str, title: str, ylabel: str, draw: Any) -> Any:
+    """A plot of one curve kind (train_curve / eval_curve) of every group; False when none has it."""
+
+    def plot(task: str, agg: dict[str, Any], path: Path) -> bool:
+        if not any(a[curve] for a in agg["methods"].values()):
+            return False
+        with _figure(path, f"{task}: {title} (mean ± sample std over runs)", ylabel) as ax:
+            draw(ax, agg)
+        return True
+
+    return plot
+
+
+plot_train_reward = _plot_curves("train_curve", "training reward", "train/reward", draw_train_reward)
+plot_eval_reward = _plot_curves("eval_curve", "held-out eval reward", "eval/reward", draw_eval_reward)
+
+
+def plot_final(task: str, agg: dict[str, Any], path: Path) -> bool:
+    n = sum(1 for a in agg["methods"].values() if a["headline"])
+    if not n:
+        return False
+    title = f"{task}: IQM (filled), {CI_LEVEL:.0%} bootstrap CI (bar), runs (hollow)"
+    with _figure(path, title, "", size=(7, 1.6 + 0.5 * n), legend=False) as ax:
+        draw_final(ax, agg)
+    return True

@@ -1,0 +1,3 @@
+"""marl-llm's version (pyproject.toml reads it from here)."""
+
+__version__ = "0.1.0"
