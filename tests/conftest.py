@@ -28,7 +28,7 @@ def build_tiny_model(path: Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from marl_llm.models.policies import embedded_checkpoint
+    from marl_llm.models.loading import embedded_checkpoint
 
     tok = AutoTokenizer.from_pretrained(embedded_checkpoint())
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -10,7 +10,9 @@ from conftest import TEST_DEVICE, compose_config, make_policies
 from marl_llm.algos.base import AgentBatch
 from marl_llm.algos.magrpo import MAGRPO
 from marl_llm.config import UserError
-from marl_llm.rollout.decode import GenRequest, HFRollout, SamplingParams, completion_logprobs
+from marl_llm.rollout.base import GenRequest
+from marl_llm.rollout.decode import HFRollout, completion_logprobs
+from marl_llm.rollout.sampling import SamplingParams
 
 
 def snapshot(policies):

@@ -13,7 +13,9 @@ import torch
 from conftest import compose_config, make_policies, tiny_overrides
 from marl_llm.algos.at_grpo import ATGRPO, filter_groups, group_advantages
 from marl_llm.algos.base import AgentBatch
-from marl_llm.rollout.decode import Completion, GenRequest, HFRollout, SamplingParams
+from marl_llm.rollout.base import Completion, GenRequest
+from marl_llm.rollout.decode import HFRollout
+from marl_llm.rollout.sampling import SamplingParams
 from marl_llm.tasks.base import Problem
 from marl_llm.tasks.turn_based import CandidateGroup, Episode, Outcome, TurnTask, run_episodes
 

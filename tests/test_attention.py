@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 from conftest import compose_config, make_policies
 from marl_llm.models import attention
 from marl_llm.config import UserError
-from marl_llm.rollout.decode import SamplingParams, completion_logprobs, decode, left_pad
+from marl_llm.rollout.decode import completion_logprobs, decode, left_pad
+from marl_llm.rollout.sampling import SamplingParams
 
 
 def test_auto_resolution_is_a_pure_function_of_device_and_package():
@@ -38,7 +39,7 @@ def test_auto_is_the_default_and_loads_sdpa_gqa_on_cpu(tiny_model_dir, tmp_path)
 
 @pytest.mark.skipif(attention.flash_attn_installed(), reason="flash-attn is installed here")
 def test_flash_attention_without_the_package_names_the_fix(tiny_model_dir):
-    from marl_llm.models.policies import load_base
+    from marl_llm.models.loading import load_base
 
     cfg = OmegaConf.create(dict(name="tiny", path=str(tiny_model_dir), embedded=False, hub_id=None,
                                 attn_implementation="flash_attention_2", trust_remote_code=False))

@@ -74,7 +74,7 @@ def test_a_dir_that_is_not_a_model_names_what_is_missing(tmp_path):
 
 def test_a_dir_with_a_config_but_no_tokenizer_names_the_tokenizer(tmp_path, tiny_model_dir):
     from marl_llm.config import UserError
-    from marl_llm.models.policies import check_checkpoint_dir
+    from marl_llm.models.loading import check_checkpoint_dir
 
     check_checkpoint_dir(str(tiny_model_dir), "model.path='tiny'")  # a real checkpoint passes
     shutil.copy(tiny_model_dir / "config.json", tmp_path / "config.json")
@@ -102,7 +102,7 @@ def test_which_missing_specs_are_hub_ids(spec, hub):
     from omegaconf import OmegaConf
 
     from marl_llm.config import UserError
-    from marl_llm.models.policies import _source
+    from marl_llm.models.loading import _source
 
     cfg = OmegaConf.create(dict(path=spec, embedded=False, hub_id=None))
     if hub:
@@ -116,7 +116,7 @@ def test_which_missing_specs_are_hub_ids(spec, hub):
 def test_an_existing_dir_wins_over_the_hub_id_form(tmp_path, tiny_model_dir, monkeypatch):
     from omegaconf import OmegaConf
 
-    from marl_llm.models.policies import _source
+    from marl_llm.models.loading import _source
 
     (tmp_path / "org").mkdir()
     shutil.copytree(tiny_model_dir, tmp_path / "org" / "tiny")
@@ -253,7 +253,7 @@ def load_base_with_no_hub(tmp_path, hub_id: str, body: str) -> str:
     script = ("import time, torch\n"
               "from omegaconf import OmegaConf\n"
               "from marl_llm.config import UserError\n"
-              "from marl_llm.models.policies import load_base\n"
+              "from marl_llm.models.loading import load_base\n"
               f"cfg = OmegaConf.create(dict(name='m', path=None, embedded=False, hub_id={hub_id!r},"
               " trust_remote_code=False, attn_implementation=None))\n" + body)
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,

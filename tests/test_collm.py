@@ -221,7 +221,7 @@ def test_resume_restores_the_critic_exactly(tiny_model_dir, tmp_path):
 
 def test_samples_with_unshared_prompts_share_micro_batches():
     from marl_llm.algos.update import micro_batches
-    from marl_llm.rollout.decode import Completion
+    from marl_llm.rollout.base import Completion
 
     def comp(prompt, n):
         return Completion(torch.tensor(prompt), torch.ones(n, dtype=torch.long), "", False)

@@ -16,7 +16,8 @@ from marl_llm.config import UserError
 from marl_llm.configure import validate
 from marl_llm.rollout.mixed_lora import MixedLoRA
 from marl_llm.models.prompting import encode_prompt
-from marl_llm.rollout.decode import COMPACT_EVERY, PerRowSampling, SamplingParams, decode, sample_rows
+from marl_llm.rollout.decode import COMPACT_EVERY, PerRowSampling, SamplingParams, decode
+from marl_llm.rollout.sampling import sample_rows
 from test_rollout import hf_greedy
 
 # Rows of every kind: greedy, plain, top-k, top-p, both, held-back end of sequence, sharing a

@@ -130,6 +130,11 @@ def test_a_task_of_your_own_runs_through_the_console_script(user_dir, tiny_model
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = next(r for r in steps if "train/reward" in r)
     assert {"train/rewards/agent0/mean", "train/rewards/agent1/mean"} <= set(train)  # the task's own levels
+    # marl-llm-eval reads the plugins from the run's config.yaml.
+    evals = subprocess.run([str(VENV_BIN / "marl-llm-eval"), str(run_dir)], capture_output=True, text=True,
+                           timeout=300, cwd=user_dir, env={**os.environ, **env})
+    assert evals.returncode == 0, evals.stderr[-3000:]
+    assert list((run_dir / "evals").iterdir())
     # The schema's check runs before anything loads, and names the key.
     bad = marl_llm(["plugins=[echo_task]", "task=echo", "task.bonus=0", *tiny(tiny_model_dir, user_dir / "bad")],
                    env, user_dir)
@@ -299,3 +304,6 @@ def test_a_team_task_from_the_command_line_names_its_functions(tmp_path, tiny_mo
                     f"task.data.files.train={tmp_path / 'rows.jsonl'}", *tiny(tiny_model_dir, tmp_path / "bad")],
                    {"PYTHONPATH": str(tmp_path)}, tmp_path)
     assert bad.returncode == 2 and "my_team has no 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+    unnamed = marl_llm(["task=team", f"task.data.files.train={tmp_path / 'rows.jsonl'}",
+                        *tiny(tiny_model_dir, tmp_path / "unnamed")], {}, tmp_path)
+    assert unnamed.returncode == 2 and "task.prompts=<module>:<function>" in unnamed.stderr

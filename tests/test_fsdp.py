@@ -24,7 +24,9 @@ LOCKSTEP_SCRIPT = textwrap.dedent("""
     from marl_llm.distributed import data_parallel as distributed
     from marl_llm.distributed import fsdp
     from marl_llm.algos.update import UpdateSettings, policy_update
-    from marl_llm.rollout.decode import Completion, GenRequest, HFRollout, SamplingParams, completion_logprobs, sample_key
+    from marl_llm.rollout.base import Completion, GenRequest, sample_key
+    from marl_llm.rollout.decode import HFRollout, completion_logprobs
+    from marl_llm.rollout.sampling import SamplingParams
 
     w = distributed.init(timeout_min=5, cpu=True)
     r, out = w.rank, {"rank": w.rank}
@@ -179,7 +181,9 @@ UNSHARD_SCRIPT = textwrap.dedent("""
     from conftest import make_policies
     from marl_llm.distributed import data_parallel as distributed
     from marl_llm.distributed import fsdp
-    from marl_llm.rollout.decode import GenRequest, HFRollout, SamplingParams, sample_key
+    from marl_llm.rollout.base import GenRequest, sample_key
+    from marl_llm.rollout.decode import HFRollout
+    from marl_llm.rollout.sampling import SamplingParams
 
     w = distributed.init(timeout_min=5, cpu=True)
     r, out = w.rank, {"rank": w.rank}

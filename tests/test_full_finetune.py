@@ -16,7 +16,9 @@ from marl_llm.runs.checkpoint import load_checkpoint
 from marl_llm.config import UserError
 from marl_llm.configure import validate
 from marl_llm.models.policies import AgentPolicies
-from marl_llm.rollout.decode import GenRequest, HFRollout, SamplingParams, encode_prompt
+from marl_llm.rollout.base import GenRequest
+from marl_llm.rollout.decode import HFRollout, encode_prompt
+from marl_llm.rollout.sampling import SamplingParams
 from marl_llm.training.trainer import build, train, train_step
 
 from test_agents import make_batches, magrpo

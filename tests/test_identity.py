@@ -212,7 +212,7 @@ def test_the_update_counts_prompt_tokens(tiny_model_dir):
     import torch
 
     from marl_llm.algos.update import UpdateSettings, policy_update
-    from marl_llm.rollout.decode import Completion
+    from marl_llm.rollout.base import Completion
 
     from conftest import make_policies
 

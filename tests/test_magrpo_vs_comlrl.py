@@ -36,6 +36,7 @@ class PathTask:
     num_agents = 2
     name = "path"
     max_turns = None
+    reward_shift = 0.0
 
     def __init__(self):
         from omegaconf import OmegaConf

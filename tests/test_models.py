@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from marl_llm.models import policies as models
+from marl_llm.models import loading as models
 from marl_llm.config import UserError
 
 
@@ -50,7 +50,7 @@ def test_conversion_is_atomic(tmp_path, monkeypatch, tiny_model_dir):
 
 def test_conversion_message_goes_to_the_run_log_inside_a_run(caplog, capsys):
     """Inside a run (the `marl_llm` logger shows INFO) the conversion lines land in the run's log,
-    and so in `cli.log`; on its own (`python -m marl_llm.models.policies`) nothing shows INFO, so they print."""
+    and so in `cli.log`; on its own (`python -m marl_llm.models.loading`) nothing shows INFO, so they print."""
     import logging
 
     with caplog.at_level(logging.INFO, logger="marl_llm"):

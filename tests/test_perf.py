@@ -13,7 +13,9 @@ from conftest import compose_config, make_policies, tiny_overrides
 from marl_llm.training import perf
 from marl_llm.config import UserError
 from marl_llm.configure import validate
-from marl_llm.rollout.decode import GenRequest, HFRollout, SamplingParams, decode
+from marl_llm.rollout.base import GenRequest
+from marl_llm.rollout.decode import HFRollout, decode
+from marl_llm.rollout.sampling import SamplingParams
 
 # The tiny Llama of conftest.build_tiny_model: hidden 32, MLP 64, 2 layers, 2 heads of 16, 1 KV head.
 HIDDEN, MLP, LAYERS, HEAD_DIM, KV_DIM = 32, 64, 2, 16, 16

@@ -21,7 +21,7 @@ THINKING_TEMPLATE = ("{% for m in messages %}<|u|>{{ m['content'] }}{% endfor %}
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from marl_llm.models.policies import embedded_checkpoint
+    from marl_llm.models.loading import embedded_checkpoint
 
     return AutoTokenizer.from_pretrained(embedded_checkpoint())
 

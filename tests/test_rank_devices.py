@@ -10,7 +10,7 @@ import torch
 from conftest import compose_config
 from marl_llm.config import UserError
 from marl_llm.distributed.data_parallel import World, cuda_index
-from marl_llm.models.policies import resolve_device
+from marl_llm.models.loading import resolve_device
 
 
 @pytest.mark.parametrize("name", ["cuda", "auto"])

@@ -278,7 +278,7 @@ def test_exported_adapter_loads_back_into_peft_with_the_same_weights(tiny_model_
 
 
 def test_sample_rows_draws_from_each_rows_distribution():
-    from marl_llm.rollout.decode import sample_rows
+    from marl_llm.rollout.sampling import sample_rows
 
     torch.manual_seed(0)
     probs = torch.tensor([[0.0, 0.7, 0.0, 0.3], [0.0, 0.0, 1.0, 0.0], [0.25, 0.25, 0.25, 0.25]])

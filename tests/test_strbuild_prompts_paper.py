@@ -99,7 +99,7 @@ def templated_tokenizer():
     """The embedded SmolLM2 tokenizer with its chat template on (model.chat_template=true)."""
     from transformers import AutoTokenizer
 
-    from marl_llm.models.policies import embedded_checkpoint
+    from marl_llm.models.loading import embedded_checkpoint
 
     tok = AutoTokenizer.from_pretrained(embedded_checkpoint())
     assert tok.chat_template

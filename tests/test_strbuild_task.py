@@ -9,7 +9,8 @@ from conftest import compose_config
 from marl_llm.config import UserError
 from marl_llm.envs.strbuild import StrBuildEnv
 from marl_llm.training.episodes import collect_tree
-from marl_llm.rollout.decode import Completion, SamplingParams
+from marl_llm.rollout.base import Completion
+from marl_llm.rollout.sampling import SamplingParams
 from marl_llm.tasks import build_task
 from marl_llm.tasks.base import Problem, Turn
 

@@ -27,7 +27,9 @@ from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
 from marl_llm.config import UserError
 from marl_llm.configure import validate
 from marl_llm.models.prompting import encode_prompt
-from marl_llm.rollout.decode import Completion, GenRequest, SamplingParams, completion_logprobs, to_completion
+from marl_llm.rollout.base import Completion, GenRequest
+from marl_llm.rollout.decode import completion_logprobs, to_completion
+from marl_llm.rollout.sampling import SamplingParams
 from marl_llm.rollout import vllm as vllm_rollout
 from marl_llm.rollout.vllm import VLLM_LORA_RANKS, VLLMRollout, allowed_lora_ranks, max_lora_rank
 

@@ -16,9 +16,10 @@ from marl_llm.config import UserError
 from marl_llm.configure import validate
 from marl_llm.plugins import load_plugins
 from marl_llm.registry import SCHEMAS
-from marl_llm.rollout.decode import PROGRESS
+from marl_llm.rollout.base import PROGRESS
 from marl_llm.training import trainer
-from marl_llm.training.trainer import Watch, step_line, torch_threads, train
+from marl_llm.training.console import Watch, step_line
+from marl_llm.training.trainer import torch_threads, train
 
 STATUS_LINE = re.compile(r"^\[marl-llm\] (step 1/1|eval @ step \d+), .*\(\d+s in[;)]", re.M)
 

@@ -255,7 +255,7 @@ class TrainerConfig:
     fsdp_unshard_rollout: bool = True
     # Torch's CPU threads: auto = the fewer of torch's default and the physical cores this process
     # may use (its CPU affinity, e.g. SLURM's --cpus-per-task, and a cgroup CPU quota), or a number.
-    # On a box that other jobs keep busy, fewer threads can be many times faster (README).
+    # On a box that other jobs keep busy, fewer threads can be many times faster (docs/logging.md).
     threads: Any = "auto"
     # Console progress: auto (bars on a terminal; elsewhere, e.g. a SLURM log, a status line every
     # progress_every_s seconds on stderr) | bars | lines | off.

@@ -18,7 +18,8 @@ import torch
 from marl_llm.training.episodes import JointNode, JointTree, Terminate, collect_tree
 from marl_llm.models.policies import AgentPolicies
 from marl_llm.registry import schema_registrar
-from marl_llm.rollout.decode import Completion, Rollout, SamplingParams
+from marl_llm.rollout.base import Completion, Rollout
+from marl_llm.rollout.sampling import SamplingParams
 from marl_llm.training.rollout_metrics import reward_metrics
 from marl_llm.tasks.base import Problem, Task, import_submodules
 from marl_llm.tasks.turn_based import TurnTask, collect_episode_tree

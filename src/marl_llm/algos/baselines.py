@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.magrpo import MAGRPO, MAGRPOConfig
 from marl_llm.training.episodes import JointTree, Terminate, collect_tree
-from marl_llm.rollout.decode import SamplingParams
+from marl_llm.rollout.sampling import SamplingParams
 from marl_llm.config import PolicyConfig, UserError
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn
 

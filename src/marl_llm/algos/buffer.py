@@ -27,7 +27,7 @@ import torch
 
 from marl_llm.config import UserError
 from marl_llm.distributed.data_parallel import world
-from marl_llm.rollout.decode import Completion
+from marl_llm.rollout.base import Completion
 
 
 @dataclass

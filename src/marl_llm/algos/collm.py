@@ -48,7 +48,8 @@ from marl_llm.config import PolicyConfig, UserError, check_choice, check_policy_
 from marl_llm.distributed import fsdp
 from marl_llm.training.episodes import JointNode, JointTree
 from marl_llm.training.rollout_metrics import reward_metrics
-from marl_llm.models.policies import full_model, load_base, lora_weights
+from marl_llm.models.policies import full_model, lora_weights
+from marl_llm.models.loading import load_base
 from marl_llm.models.prompting import encode_prompt
 from marl_llm.tasks.base import Problem
 

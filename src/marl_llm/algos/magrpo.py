@@ -27,7 +27,8 @@ from marl_llm.algos.losses import k3_kl
 from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
 from marl_llm.config import PolicyConfig, check_choice, check_policy_updates, check_value
 from marl_llm.training.episodes import JointTree
-from marl_llm.rollout.decode import Completion, completion_logprobs
+from marl_llm.rollout.base import Completion
+from marl_llm.rollout.decode import completion_logprobs
 from marl_llm.tasks.base import Problem
 
 

@@ -27,7 +27,8 @@ import torch
 from marl_llm.algos.losses import policy_loss
 from marl_llm.distributed.data_parallel import all_sum, settle, sync_gradients, world
 from marl_llm.models.policies import AgentPolicies
-from marl_llm.rollout.decode import Completion, completion_logprobs
+from marl_llm.rollout.base import Completion
+from marl_llm.rollout.decode import completion_logprobs
 
 
 @dataclass

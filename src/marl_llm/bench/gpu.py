@@ -71,7 +71,7 @@ def build_model(arch: str, dtype: str, device: str, out: Path) -> Path:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen2Config
 
-    from marl_llm.models.policies import embedded_checkpoint
+    from marl_llm.models.loading import embedded_checkpoint
 
     stamp = out / "marl_bench_arch.json"
     if stamp.is_file() and json.loads(stamp.read_text()) == {"arch": arch, "dtype": dtype}:
@@ -143,7 +143,9 @@ def measure_decode(model_dir: Path, args: argparse.Namespace, work: Path) -> dic
     from marl_llm.training import perf
     from marl_llm.models.policies import lora_weights
     from marl_llm.models.prompting import encode_prompt
-    from marl_llm.rollout.decode import GenRequest, SamplingParams, left_pad
+    from marl_llm.rollout.base import GenRequest
+    from marl_llm.rollout.decode import left_pad
+    from marl_llm.rollout.sampling import SamplingParams
     from marl_llm.training.trainer import build, quiet_libraries, seed_everything
 
     batches = sorted(args.batches)

@@ -26,7 +26,9 @@ from marl_llm.bench.workload import Workload
 def measure_levers(workload: Workload, rounds: int) -> dict[str, Any]:
     from marl_llm.bench.systems import MarlLLM
     from marl_llm.models.prompting import encode_prompt
-    from marl_llm.rollout.decode import GenRequest, SamplingParams, cut_at_eos, decode, left_pad
+    from marl_llm.rollout.base import GenRequest
+    from marl_llm.rollout.decode import cut_at_eos, decode, left_pad
+    from marl_llm.rollout.sampling import SamplingParams
 
     w = workload
     system = MarlLLM(w)

@@ -119,7 +119,7 @@ def model_overrides(w: Workload) -> list[str]:
 def model_path(w: Workload) -> str:
     """A directory that `from_pretrained` loads (the embedded model's converted checkpoint)."""
     if w.model == "embedded":
-        from marl_llm.models.policies import embedded_checkpoint
+        from marl_llm.models.loading import embedded_checkpoint
 
         return str(embedded_checkpoint())
     return w.model

@@ -125,13 +125,15 @@ def eval_config(run_cfg: DictConfig, overrides: list[str], split: str, out_dir: 
         else:
             values.append((line, override))
     algo_name, task_name = str(run_cfg.algo.name), task_choice or str(run_cfg.task.name)
-    err = cli.unknown_key_error([f"algo={algo_name}", f"task={task_name}", *(line for line, _ in values)])
+    # The run's plugins (its own tasks, algorithms, ...) load first, their YAML on the search path.
+    plugins = [f"plugins=[{','.join(run_cfg.plugins)}]"] if run_cfg.get("plugins") else []
+    err = cli.unknown_key_error([*plugins, f"algo={algo_name}", f"task={task_name}", *(line for line, _ in values)])
     if err:
         raise UserError(err)
     run_container = OmegaConf.to_container(run_cfg, resolve=True)
     if task_choice:
         run_container.pop("task")  # the chosen option's defaults, not the run's task settings
-    cfg = OmegaConf.merge(_defaults(algo_name, task_name, task_choice is not None, out_dir), run_container)
+    cfg = OmegaConf.merge(_defaults(algo_name, task_name, task_choice is not None, out_dir, plugins), run_container)
     for line, override in values:
         try:
             OmegaConf.update(cfg, override.key_or_group.lstrip("+"), override.value(), merge=True, force_add=True)
@@ -154,20 +156,21 @@ def eval_config(run_cfg: DictConfig, overrides: list[str], split: str, out_dir: 
     return cfg
 
 
-def _defaults(algo_name: str, task_name: str, task_chosen: bool, out_dir: Path) -> DictConfig:
+def _defaults(algo_name: str, task_name: str, task_chosen: bool, out_dir: Path, plugins: list[str]) -> DictConfig:
     """Today's defaults of the run's algorithm and the task (typed by the schemas), under the run's
     values: keys a run from an older version lacks get their defaults, and overrides are
     type-checked. Without such options (a run's algorithm or task registered in code): an empty
     config; a chosen task=<option> must be one."""
     from hydra.errors import HydraException
 
-    from marl_llm.configure import compose_config, config_dir
+    from marl_llm.configure import compose_config
+    from marl_llm.tasks import TASKS
 
-    options = sorted(p.stem for p in (Path(config_dir()) / "task").glob("*.yaml"))
+    options = sorted(TASKS)  # the built-in tasks and the run's plugins' (loaded by unknown_key_error)
     if task_chosen and task_name not in options:
         raise UserError(f"task={task_name} is no task option: choose one of {', '.join(options)}")
     try:
-        defaults = compose_config([f"algo={algo_name}", f"task={task_name}", "model=local", "logger=none",
+        defaults = compose_config([*plugins, f"algo={algo_name}", f"task={task_name}", "model=local", "logger=none",
                                    f"run_dir={out_dir}"])
     except HydraException:
         return OmegaConf.create()
@@ -261,7 +264,8 @@ def _evaluate(cfg: DictConfig, args: argparse.Namespace, run_dir: Path, source: 
     from marl_llm.runs.checkpoint import read_checkpoint
     from marl_llm.training.evaluation import evaluate
     from marl_llm.runs.export import AGENTS_DIR, load_agents
-    from marl_llm.training.trainer import _fmt, build, quiet_libraries, seed_everything
+    from marl_llm.training.console import format_metrics
+    from marl_llm.training.trainer import build, quiet_libraries, seed_everything
 
     def say(msg: str) -> None:
         print(f"[marl-llm-eval] {msg}", flush=True)
@@ -302,7 +306,7 @@ def _evaluate(cfg: DictConfig, args: argparse.Namespace, run_dir: Path, source: 
     atomic_write_text(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     atomic_write_text(out_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(overrides)))
     atomic_write_text(out_dir / "metrics.json", json.dumps(result, indent=2, default=str) + "\n")
-    say(_fmt(metrics, ("pass@1", "success_rate", "reward", "completions/mean_length")))
+    say(format_metrics(metrics, ("pass@1", "success_rate", "reward", "completions/mean_length")))
     say(f"metrics: {out_dir / 'metrics.json'}")
     return out_dir
 

@@ -58,7 +58,8 @@ from marl_llm.distributed import data_parallel as distributed
 from marl_llm.config import UserError
 from marl_llm.models.policies import AgentPolicies
 from marl_llm.models.prompting import encode_prompt
-from marl_llm.rollout.decode import Completion, GenRequest, to_completion
+from marl_llm.rollout.base import Completion, GenRequest
+from marl_llm.rollout.decode import to_completion
 
 INSTALL = ("trainer.rollout=vllm needs vLLM on a CUDA machine (pip install vllm); without it use "
            "trainer.rollout=hf (the default)")

@@ -1,7 +1,7 @@
 """Metrics sinks: always `metrics.jsonl` and `samples.jsonl` in the run dir; W&B on top if chosen.
 
 Metric names follow TRL's GRPO names under `train/` and `eval/`, with agent and turn segments:
-`train/reward`, `train/turn_1/reward`, `train/aux/kl`, `eval/pass@1`, ... (README lists them).
+`train/reward`, `train/turn_1/reward`, `train/aux/kl`, `eval/pass@1`, ... (docs/logging.md lists them).
 `num_tokens` means what it means in TRL: the prompt and completion tokens trained on so far (a
 running total kept here, restored from metrics.jsonl on a resume); a step's own counts are
 `prompt_tokens` and `completion_tokens`.

@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, List
 
+from omegaconf import OmegaConf
+
 from marl_llm.config import DataConfig, UserError, check_value
 from marl_llm.tasks.base import JointReward, Problem, Task, register_task
 
@@ -45,6 +47,9 @@ class TeamTaskConfig:
 
     @staticmethod
     def check(cfg: Any) -> None:
+        for key in ("prompts", "reward"):
+            check_value(not OmegaConf.is_missing(cfg.task, key), f"task.{key}",
+                        f"name your function: task.{key}=<module>:<function> (docs/extending.md)")
         agents = list(cfg.task.agents)
         check_value(len(agents) >= 1 and len(set(agents)) == len(agents), "task.agents",
                     f"{agents} must name at least one agent, each once")

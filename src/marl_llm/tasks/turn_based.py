@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from marl_llm.training.episodes import JointNode, JointTree, Terminate
-from marl_llm.rollout.decode import Completion, GenRequest, SamplingParams, sample_key
+from marl_llm.rollout.base import Completion, GenRequest, sample_key
+from marl_llm.rollout.sampling import SamplingParams
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn
 
 

@@ -19,7 +19,9 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
-from marl_llm.rollout.decode import Completion, GenRequest, SamplingParams, sample_key
+from marl_llm.rollout.base import Completion, GenRequest, sample_key
+
+from marl_llm.rollout.sampling import SamplingParams
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn
 
 

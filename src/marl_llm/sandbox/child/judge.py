@@ -1,5 +1,9 @@
 """The judge: the trusted side of a sandbox run (stdlib only).
 
+One file on purpose, at about 600 lines: everything the trusted side does in a run (the order of
+its forks, the confinement call, the test protocol and the verdict) is read and reviewed together,
+as a security boundary should be.
+
 Forked, per run, from a zygote (`serve_forever`: a `python -I -S` the trainer starts once). It forks the candidate's processes *before* it
 reads the job (so they never hold the tests), confines them (confine.py), then runs the test code
 itself, in its own namespace, with a stand-in for each program name that forwards the call to
