@@ -53,6 +53,12 @@ def compose_config(overrides: list[str]):
     return compose(overrides)
 
 
+def required_settings(group: str, option: str) -> list[str]:
+    """What an option needs on top of its YAML to compose and validate: the keys it has no default for."""
+    return {("model", "local"): ["model.path=/some/dir"],
+            ("task", "team"): ["task.prompts=my_team:prompts", "task.reward=my_team:reward"]}.get((group, option), [])
+
+
 def tiny_overrides(model_dir: Path, run_dir: Path, *extra: str) -> list[str]:
     """A training config that runs in seconds on the tiny model."""
     return ["model=local", f"model.path={model_dir}", f"model.device={TEST_DEVICE}", "logger=none", f"run_dir={run_dir}",

@@ -9,7 +9,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError
 
-from conftest import REPO, VENV_BIN, compose_config
+from conftest import REPO, VENV_BIN, compose_config, required_settings
 from marl_llm.cli.train import unknown_key_error
 from marl_llm.config import UserError
 from marl_llm.configure import validate
@@ -24,10 +24,7 @@ def options(group: str) -> list[str]:
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_every_option_composes_and_validates(group, option):
     overrides = [f"{group}={option}", "run_dir=/tmp/x"]
-    if (group, option) == ("model", "local"):
-        overrides.append("model.path=/some/dir")
-    if (group, option) == ("task", "team"):  # its two functions have no default
-        overrides += ["task.prompts=my_team:prompts", "task.reward=my_team:reward"]
+    overrides += required_settings(group, option)
     cfg = compose_config(overrides)
     OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     validate(cfg)

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import VENV_BIN, compose_config, tiny_overrides
+from conftest import VENV_BIN, compose_config, required_settings, tiny_overrides
 from marl_llm.config import UserError
 from marl_llm.configure import validate
 from marl_llm.plugins import load_plugins
@@ -35,7 +35,8 @@ load_plugins()  # every registered algorithm and task
 @pytest.mark.parametrize("task", sorted(SCHEMAS["task"]))
 @pytest.mark.parametrize("algo", sorted(SCHEMAS["algo"]))
 def test_debug_tiny_composes_and_validates_for_every_algo_and_task(algo, task, tmp_path):
-    cfg = compose_config(["debug=tiny", f"algo={algo}", f"task={task}", f"run_dir={tmp_path}"])
+    cfg = compose_config(["debug=tiny", f"algo={algo}", f"task={task}", f"run_dir={tmp_path}",
+                          *required_settings("task", task)])
     validate(cfg)
     assert (cfg.algo.name, cfg.task.name, cfg.logger.name) == (algo, task, "none")
     assert cfg.trainer.max_steps == 1 and cfg.trainer.eval_max_problems == 1 and cfg.trainer.prompts_per_step == 1

@@ -16,6 +16,7 @@ A plugin module may set `CONFIG_SEARCHPATH` (a Hydra search path entry or a list
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import sys
@@ -28,7 +29,9 @@ ENTRY_POINT_GROUP = "marl_llm.plugins"
 BUILTIN_PACKAGES = ("marl_llm.algos", "marl_llm.tasks")
 
 
+@functools.cache
 def _import_builtins() -> None:
+    """Once per process (the CLI composes, checks overrides and validates: each loads the plugins)."""
     import pkgutil
 
     for package in BUILTIN_PACKAGES:
@@ -58,7 +61,9 @@ def _import_named(name: str) -> ModuleType:
         raise UserError(f"plugins: importing {name!r} failed: {type(err).__name__}: {err}{_where(err)}") from None
 
 
-def _entry_point_modules() -> list[ModuleType]:
+@functools.cache
+def _entry_point_modules() -> tuple[ModuleType, ...]:
+    """Once per process (an error is not cached: it stops the run)."""
     modules = []
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = getattr(ep, "dist", None)
@@ -69,14 +74,14 @@ def _entry_point_modules() -> list[ModuleType]:
             raise UserError(f"the {ENTRY_POINT_GROUP} entry point {ep.name} = {ep.value}{source} failed to load: "
                             f"{type(err).__name__}: {err}{_where(err)}; fix or uninstall that package") from None
         modules.append(loaded if isinstance(loaded, ModuleType) else sys.modules[ep.module])
-    return modules
+    return tuple(modules)
 
 
 def load_plugins(names: list[str] | tuple[str, ...] = ()) -> list[str]:
     """Import the built-in algorithms and tasks, the entry-point plugins and the modules `names`
     (each once: Python caches modules); returns the Hydra search path entries they declare."""
     _import_builtins()
-    modules = _entry_point_modules() + [_import_named(str(n)) for n in names]
+    modules = [*_entry_point_modules(), *(_import_named(str(n)) for n in names)]
     searchpath: list[str] = []
     for module in modules:
         declared = getattr(module, "CONFIG_SEARCHPATH", None)
