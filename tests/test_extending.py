@@ -1,8 +1,8 @@
 """Extending marl-llm without touching src/: what a user does, as a user does it.
 
 A package in a temp dir defines a task (with its own schema, reward and YAML); another defines an
-advantage baseline. Both run through the installed console script (found through `plugins=` and
-through a `marl_llm.plugins` entry point) and through the Python API.
+advantage baseline; another an algorithm. They run through the installed console script (found
+through `plugins=` and through a `marl_llm.plugins` entry point) and through the Python API.
 """
 
 from __future__ import annotations
@@ -142,6 +142,57 @@ def test_a_task_of_your_own_runs_through_the_console_script(user_dir, tiny_model
     # A misspelled key of the plugin's schema gets the valid keys, like a built-in task's.
     typo = marl_llm(["plugins=[echo_task]", "task=echo", "task.bonsu=3", "--cfg", "job"], env, user_dir)
     assert typo.returncode == 2 and "Did you mean task.bonus" in typo.stderr
+
+
+ALGO_MODULE = '''
+"""A user's algorithm: MAGRPO whose advantages are scaled by a factor of its own config."""
+from dataclasses import dataclass
+from pathlib import Path
+
+from marl_llm.algos import register_algorithm
+from marl_llm.algos.magrpo import MAGRPO, MAGRPOConfig
+from marl_llm.config import check_value
+
+CONFIG_SEARCHPATH = "file://" + str(Path(__file__).parent / "conf")
+
+
+@dataclass
+class ScaledConfig(MAGRPOConfig):
+    name: str = "scaled_magrpo"
+    scale: float = 0.5
+
+    @staticmethod
+    def check(cfg):
+        MAGRPOConfig.check(cfg)
+        check_value(cfg.algo.scale > 0, "algo.scale", "must be > 0")
+
+
+@register_algorithm("scaled_magrpo", schema=ScaledConfig)
+class ScaledMAGRPO(MAGRPO):
+    def advantages(self, tree):
+        batches = super().advantages(tree)
+        for b in batches:
+            b.advantages = b.advantages * self.cfg.scale
+        Path(__file__).with_name("used").write_text(str(self.cfg.scale))
+        return batches
+'''
+
+
+def test_an_algorithm_of_your_own_runs_through_the_console_script(tmp_path, tiny_model_dir):
+    pkg = tmp_path / "user" / "scaled_algo"
+    (pkg / "conf" / "algo").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(ALGO_MODULE)
+    (pkg / "conf" / "algo" / "scaled_magrpo.yaml").write_text("defaults:\n  - scaled_magrpo_schema\n  - _self_\n\n"
+                                                             "name: scaled_magrpo\nscale: 0.25\n")
+    env = {"PYTHONPATH": str(tmp_path / "user")}
+    out = marl_llm(["plugins=[scaled_algo]", "algo=scaled_magrpo", "task.data.train_split='test[33:35]'",
+                    "trainer.eval_before=false", *tiny(tiny_model_dir, tmp_path / "run")], env, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (pkg / "used").read_text() == "0.25"  # the YAML's value reached the algorithm
+    for setting, key in (("algo.scale=-1", "algo.scale"), ("algo.num_generations=1", "algo.num_generations")):
+        bad = marl_llm(["plugins=[scaled_algo]", "algo=scaled_magrpo", setting, "logger=none",
+                        f"hydra.run.dir={tmp_path / key}"], env, tmp_path)
+        assert bad.returncode == 2 and f"invalid config value {key}" in bad.stderr  # its check, and MAGRPO's
 
 
 def test_a_plugin_that_is_not_importable_gets_one_line(user_dir):
