@@ -358,3 +358,13 @@ def test_a_team_task_from_the_command_line_names_its_functions(tmp_path, tiny_mo
     unnamed = marl_llm(["task=team", f"task.data.files.train={tmp_path / 'rows.jsonl'}",
                         *tiny(tiny_model_dir, tmp_path / "unnamed")], {}, tmp_path)
     assert unnamed.returncode == 2 and "task.prompts=<module>:<function>" in unnamed.stderr
+
+
+def test_the_python_api_names_a_run_dir_as_the_console_script_does():
+    """Without run_dir, marl_llm.train picks Hydra's default pattern, filled in (not `${now:...}`)."""
+    from datetime import datetime
+
+    from marl_llm.api import new_run_dir
+
+    path = new_run_dir()
+    assert path.parts[:2] == ("outputs", datetime.now().strftime("%Y-%m-%d")) and "$" not in str(path)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any, Callable, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from marl_llm.config import UserError
-from marl_llm.configure import compose_config, config_dir, validate
+from marl_llm.configure import JOB_LOG_FORMAT, compose_config, default_run_dir, validate
 
 
 @dataclass
@@ -57,9 +56,7 @@ class TrainResult:
 
 def new_run_dir() -> Path:
     """outputs/<date>/<time to the microsecond>, as hydra.run.dir names a console-script run."""
-    pattern = OmegaConf.load(Path(config_dir()) / "hydra" / "default.yaml").run.dir  # unresolved ${now:...}
-    now = datetime.now()
-    return Path(re.sub(r"\$\{now:([^}]*)\}", lambda m: now.strftime(m.group(1)), str(pattern)))
+    return Path(default_run_dir(datetime.now()))
 
 
 def _has_run_dir(cfg: DictConfig) -> bool:
@@ -79,7 +76,7 @@ def train(cfg: DictConfig | Sequence[str] | None = None) -> TrainResult:
     run_dir = Path(str(cfg.run_dir))
     run_dir.mkdir(parents=True, exist_ok=True)
     job_log = logging.FileHandler(run_dir / "cli.log")  # what the console script's Hydra job log keeps
-    job_log.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s][%(name)s] %(message)s"))
+    job_log.setFormatter(logging.Formatter(JOB_LOG_FORMAT))
     log = logging.getLogger("marl_llm")
     log.addHandler(job_log)
     level = log.level

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,20 @@ def config_dir() -> str:
     return str(Path(__file__).resolve().parents[2] / "conf")
 
 
+def default_dir_pattern(kind: str) -> str:
+    """Hydra's default `hydra.<kind>.dir` (kind: run | sweep) as conf/hydra/default.yaml writes it,
+    unresolved (outputs/${now:...})."""
+    return str(OmegaConf.to_container(OmegaConf.load(Path(config_dir()) / "hydra" / "default.yaml"))[kind]["dir"])
+
+
+def default_run_dir(when: datetime) -> str:
+    """The run dir Hydra names for a run started at `when` (the `${now:<format>}` parts filled in)."""
+    return re.sub(r"\$\{now:([^}]*)\}", lambda m: when.strftime(m.group(1)), default_dir_pattern("run"))
+
+
 # ------------------------------------------------------------------------------- the ConfigStore
+# The job log's line format (the Python API's run log writes the same).
+JOB_LOG_FORMAT = "[%(asctime)s][%(levelname)s][%(name)s] %(message)s"
 # hydra/job_logging=marl_llm (chosen in conf/config.yaml): the console shows the trainer's lines as
 # `[marl-llm] <message>` (Hydra's default prefixes each with a date, the logger name and the level),
 # and the job log <run dir>/cli.log keeps the same lines with their time and level (a fixed name: Hydra's
@@ -41,7 +56,7 @@ def config_dir() -> str:
 JOB_LOGGING = {
     "version": 1,
     "formatters": {"console": {"format": "[marl-llm] %(message)s"},
-                   "file": {"format": "[%(asctime)s][%(levelname)s][%(name)s] %(message)s"}},
+                   "file": {"format": JOB_LOG_FORMAT}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "console", "stream": "ext://sys.stdout"},
                  "file": {"class": "logging.FileHandler", "formatter": "file",
                           "filename": "${hydra.runtime.output_dir}/cli.log"}},

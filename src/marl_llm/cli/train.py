@@ -8,18 +8,17 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 import unicodedata
 from datetime import datetime
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from marl_llm.config import TrainerConfig, UserError, walk_key
-from marl_llm.configure import (config_dir, map_overrides, option_schemas, plugin_overrides, plugins_from_overrides,
-                               register_configs, validate)
+from marl_llm.configure import (config_dir, default_dir_pattern, default_run_dir, map_overrides, option_schemas,
+                               plugin_overrides, plugins_from_overrides, register_configs, validate)
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
@@ -101,10 +100,7 @@ def rank_overrides(args: list[str]) -> list[str]:
     started = distributed.broadcast_object(datetime.now().timestamp())
     out = []
     if not any(a.startswith("hydra.run.dir=") for a in args):
-        hydra_conf = OmegaConf.to_container(OmegaConf.load(Path(config_dir()) / "hydra" / "default.yaml"))
-        pattern = hydra_conf["run"]["dir"]  # unresolved: outputs/${now:...}
-        when = datetime.fromtimestamp(started)
-        out.append("hydra.run.dir=" + re.sub(r"\$\{now:([^}]*)\}", lambda m: when.strftime(m.group(1)), pattern))
+        out.append("hydra.run.dir=" + default_run_dir(datetime.fromtimestamp(started)))
     if not w.is_main:
         out += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     return out
@@ -170,8 +166,7 @@ def run_dir_check(args: list[str]) -> None:
     named = next((a.split("=", 1)[1] for a in args if a.startswith(key + "=")), None)
     value = named
     if value is None:
-        hydra_conf = OmegaConf.to_container(OmegaConf.load(Path(config_dir()) / "hydra" / "default.yaml"))
-        value = hydra_conf[key.split(".")[1]]["dir"]  # unresolved: outputs/${now:...}
+        value = default_dir_pattern(key.split(".")[1])  # unresolved: outputs/${now:...}
     value = value.strip()
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
         value = value[1:-1]  # Hydra's quoting
