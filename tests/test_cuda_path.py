@@ -13,7 +13,7 @@ from conftest import TEST_DEVICE, compose_config, tiny_overrides
 from marl_llm.config import UserError
 from marl_llm.configure import validate
 from marl_llm.models.policies import master_weights_dtype
-from marl_llm.training.trainer import build, gradient_checkpointing, seed_everything
+from marl_llm.training.setup import build, gradient_checkpointing, seed_everything
 from test_collm import overrides as collm_overrides
 
 

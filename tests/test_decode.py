@@ -285,7 +285,7 @@ def test_set_rows_from_indices_equals_set_rows_from_names(policies):
 
 # ------------------------------------------------------------------------------ configuration
 def test_decode_keys_reach_the_rollout_and_bad_values_say_the_fix(tiny_model_dir, tmp_path):
-    from marl_llm.training.trainer import build
+    from marl_llm.training.setup import build
 
     base = tiny_overrides(tiny_model_dir, tmp_path, "algo=magrpo", "task=tldr", "algo.num_turns=1")
     run = build(compose_config(base + ["trainer.decode=static"]))

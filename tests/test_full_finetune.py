@@ -19,7 +19,8 @@ from marl_llm.models.policies import AgentPolicies
 from marl_llm.rollout.base import GenRequest
 from marl_llm.rollout.decode import HFRollout, encode_prompt
 from marl_llm.rollout.sampling import SamplingParams
-from marl_llm.training.trainer import build, train, train_step
+from marl_llm.training.setup import build
+from marl_llm.training.trainer import train, train_step
 
 from test_agents import make_batches, magrpo
 from test_trainer import adapters, same_adapters

@@ -46,7 +46,7 @@ def test_more_ranks_per_node_than_gpus_is_refused():
 
 
 def test_the_config_refusal_comes_before_any_process_group(monkeypatch):
-    from marl_llm.training.trainer import join_world
+    from marl_llm.training.setup import join_world
 
     monkeypatch.setenv("WORLD_SIZE", "4")  # as torchrun --nproc_per_node 4 sets it
     with pytest.raises(UserError, match="model.device=cuda:1 with 4 data-parallel processes puts every rank on GPU 1"):

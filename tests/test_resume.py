@@ -238,7 +238,7 @@ def test_ctrl_c_prints_one_line_whose_command_continues_the_run(tiny_model_dir, 
 def test_an_interrupt_before_the_first_checkpoint_names_the_start_over_command(tmp_path):
     """No checkpoint yet: trainer.resume=true would refuse, so the line names if_possible; without
     Hydra's context the run dir's .hydra/overrides.yaml gives the overrides."""
-    from marl_llm.training.trainer import Progress, interrupted_line
+    from marl_llm.runs.rundir import Progress, interrupted_line
 
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "overrides.yaml").write_text(

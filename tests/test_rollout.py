@@ -249,7 +249,7 @@ def test_vllm_rollout_without_vllm_or_a_gpu_says_how_to_run(tiny_model_dir, tmp_
 
     from conftest import compose_config, tiny_overrides
     from marl_llm.config import UserError
-    from marl_llm.training.trainer import build
+    from marl_llm.training.setup import build
 
     cfg = compose_config(tiny_overrides(tiny_model_dir, tmp_path, "algo=magrpo", "task=tldr", "algo.num_turns=1",
                                              "trainer.rollout=vllm"))

@@ -9,7 +9,8 @@ import torch
 
 from conftest import compose_config, tiny_overrides
 from marl_llm.tasks.base import Problem
-from marl_llm.training.trainer import batch_for_step, train
+from marl_llm.training.data_order import batch_for_step
+from marl_llm.training.trainer import train
 
 
 def metrics(run_dir, split="train"):

@@ -372,7 +372,8 @@ def vllm_overrides(model_dir, run_dir, *extra):
 
 @pytest.mark.parametrize("algo", list(ALGOS))
 def test_every_policy_update_gets_the_rollout_logprobs_and_the_configured_cap(tiny_model_dir, tmp_path, script, algo):
-    from marl_llm.training.trainer import build, train_step
+    from marl_llm.training.setup import build
+    from marl_llm.training.trainer import train_step
 
     cfg = compose_config(vllm_overrides(tiny_model_dir, tmp_path, *ALGOS[algo], "algo.rollout_is_cap=null"))
     validate(cfg)

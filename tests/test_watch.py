@@ -17,9 +17,10 @@ from marl_llm.configure import validate
 from marl_llm.plugins import load_plugins
 from marl_llm.registry import SCHEMAS
 from marl_llm.rollout.base import PROGRESS
-from marl_llm.training import trainer
+from marl_llm.training import threads
 from marl_llm.training.console import Watch, step_line
-from marl_llm.training.trainer import torch_threads, train
+from marl_llm.training.threads import torch_threads
+from marl_llm.training.trainer import train
 
 STATUS_LINE = re.compile(r"^\[marl-llm\] (step 1/1|eval @ step \d+), .*\(\d+s in[;)]", re.M)
 
@@ -99,13 +100,13 @@ def test_threads_are_applied_for_the_run_and_restored(tiny_model_dir, tmp_path, 
 
 def test_auto_threads_are_at_most_the_cores_the_process_may_use(monkeypatch):
     assert torch_threads(3) == 3
-    assert torch_threads("auto") == min(torch.get_num_threads(), trainer.available_cores())
-    monkeypatch.setattr(trainer.os, "sched_getaffinity", lambda pid: {0})  # e.g. srun --cpus-per-task=1
-    monkeypatch.setattr(trainer, "cgroup_cpu_quota", lambda: None)
-    assert trainer.available_cores() == 1 and torch_threads("auto") == 1
-    monkeypatch.setattr(trainer.os, "sched_getaffinity", lambda pid: set(range(64)))
-    monkeypatch.setattr(trainer, "cgroup_cpu_quota", lambda: 1.5)  # docker --cpus=1.5
-    assert trainer.available_cores() == 2
+    assert torch_threads("auto") == min(torch.get_num_threads(), threads.available_cores())
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0})  # e.g. srun --cpus-per-task=1
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda: None)
+    assert threads.available_cores() == 1 and torch_threads("auto") == 1
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda: 1.5)  # docker --cpus=1.5
+    assert threads.available_cores() == 2
     for bad in (0, -2, "many", True):
         with pytest.raises(UserError, match="trainer.threads"):
             torch_threads(bad)

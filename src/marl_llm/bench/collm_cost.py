@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from marl_llm.training.trainer import quiet_libraries
+    from marl_llm.training.setup import quiet_libraries
 
     quiet_libraries()
     threads = torch.get_num_threads()

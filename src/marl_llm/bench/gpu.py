@@ -146,7 +146,7 @@ def measure_decode(model_dir: Path, args: argparse.Namespace, work: Path) -> dic
     from marl_llm.rollout.base import GenRequest
     from marl_llm.rollout.decode import left_pad
     from marl_llm.rollout.sampling import SamplingParams
-    from marl_llm.training.trainer import build, quiet_libraries, seed_everything
+    from marl_llm.training.setup import build, quiet_libraries, seed_everything
 
     batches = sorted(args.batches)
     cfg = compose(base_overrides(model_dir, args, work / "decode") + [
@@ -245,7 +245,8 @@ def measure_training(model_dir: Path, args: argparse.Namespace, work: Path) -> d
     """`--warmup` + `--steps` trainer steps of `--experiment` on the model (warm-up excluded)."""
     import torch
 
-    from marl_llm.training.trainer import build, quiet_libraries, seed_everything, train_step
+    from marl_llm.training.setup import build, quiet_libraries, seed_everything
+    from marl_llm.training.trainer import train_step
 
     overrides = [f"experiment={args.experiment}", *base_overrides(model_dir, args, work / "train"),
                  f"trainer.max_steps={args.warmup + args.steps}", *args.overrides]

@@ -27,7 +27,7 @@ class MarlLLM(BenchSystem):
 
     def __init__(self, workload: Workload):
         super().__init__(workload)
-        from marl_llm.training.trainer import build, quiet_libraries, seed_everything
+        from marl_llm.training.setup import build, quiet_libraries, seed_everything
 
         w = workload
         self.cfg = compose(self.overrides(w))

@@ -265,7 +265,7 @@ def _evaluate(cfg: DictConfig, args: argparse.Namespace, run_dir: Path, source: 
     from marl_llm.training.evaluation import evaluate
     from marl_llm.runs.export import AGENTS_DIR, load_agents
     from marl_llm.training.console import format_metrics
-    from marl_llm.training.trainer import build, quiet_libraries, seed_everything
+    from marl_llm.training.setup import build, quiet_libraries, seed_everything
 
     def say(msg: str) -> None:
         print(f"[marl-llm-eval] {msg}", flush=True)

@@ -10,10 +10,12 @@ import json
 import os
 import re
 import shlex
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from marl_llm.config import UserError
 from marl_llm.runs.atomic import atomic_write_text
 
 RUN_MARKER = ".marl-llm-run"
@@ -120,3 +122,40 @@ def resume_command(run_dir: Path, resume: str = "true") -> str:
     kept = [o for o, k in zip(overrides, keys) if k not in ("trainer.resume", "hydra.run.dir")]
     where = [] if "run_dir" in keys else [f"hydra.run.dir={run_dir}"]
     return " ".join(["marl-llm", *(shlex.quote(a) for a in [*kept, *where, f"trainer.resume={resume}"])])
+
+
+def resume_mode(cfg: Any) -> str:
+    """trainer.resume as "off", "on" (continue from the run dir's checkpoint; none is an error) or
+    "if_possible" (without a checkpoint, start over in the dir). A SLURM job that was requeued
+    (timeout, pre-emption) resumes if possible without being told: it may have been stopped
+    before its first checkpoint."""
+    value = cfg.trainer.resume
+    modes = {"false": "off", "true": "on", "if_possible": "if_possible"}
+    mode = modes.get(str(value).lower()) if isinstance(value, (bool, str)) else None
+    if mode is None:
+        raise UserError(f"trainer.resume={value} is not a choice: true (continue the run in hydra.run.dir), "
+                        "if_possible (continue, or start over there when it has no checkpoint) or false")
+    return "if_possible" if requeued() else mode
+
+
+@dataclass
+class Progress:
+    """How far a run has got: what an interrupted run reports."""
+
+    run_dir: Path | None = None  # set once the run dir is this run's
+    step: int = 0
+    max_steps: int = 0
+    checkpoint: tuple[int, str] | None = None  # (step, file) of the last checkpoint written or resumed from
+    main: bool = True
+
+
+def interrupted_line(progress: Progress) -> str:
+    """Where a Ctrl-C'd run stopped and the command that goes on from there."""
+    run_dir = progress.run_dir.resolve()
+    reached = f"interrupted at step {progress.step}/{progress.max_steps}"
+    if progress.checkpoint is None:  # trainer.resume=true would refuse: nothing to continue from
+        return (f"{reached}, no checkpoint yet; start it over in its dir (its logs are kept aside) with: "
+                f"{resume_command(run_dir, 'if_possible')}")
+    step, path = progress.checkpoint
+    return (f"{reached}, last checkpoint {path} (step {step}); continue with: "
+            f"{resume_command(run_dir, 'true')}")

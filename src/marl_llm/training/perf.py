@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import resource
 import time
 import warnings
 from dataclasses import dataclass
@@ -163,6 +164,10 @@ def clock(device: torch.device | str | None = None) -> float:
 def reset_peak_memory(device: torch.device | str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 def peak_memory_gib(device: torch.device | str) -> float | None:

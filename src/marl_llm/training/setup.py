@@ -1,0 +1,151 @@
+"""What a run trains with, built from the config: the process group, the RNGs, the task, the
+policies, the rollout and the algorithm (trainer.py runs them; the benchmarks and marl-llm-eval
+build the same)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from marl_llm.algos import algorithm_class, build_algorithm
+from marl_llm.algos.update import lr_schedulers
+from marl_llm.config import UserError
+from marl_llm.distributed import data_parallel as distributed
+from marl_llm.distributed import fsdp
+from marl_llm.models.loading import check_device_for_ranks, resolve_device, resolve_dtype
+from marl_llm.models.policies import AgentPolicies, check_trainable_dtype
+from marl_llm.rollout.base import Rollout
+from marl_llm.rollout.decode import HFRollout
+from marl_llm.tasks import Problem, build_task
+from marl_llm.tasks.turn_based import TurnTask
+from marl_llm.training import perf
+
+
+def quiet_libraries() -> None:
+    """Progress bars and deprecation chatter from transformers/peft drown the training log."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)\.")
+    # A buffered update (algo.rollout_buffer_size) may take no optimizer step in a trainer step,
+    # whose LR schedule still advances: intended, so torch's order warning is noise.
+    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+
+
+def seed_everything(seed: int, deterministic: bool = False) -> None:
+    """Seed every RNG; `deterministic` (trainer.deterministic) asks for bitwise-reproducible CUDA
+    kernels. cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it creates its handle (the first matmul),
+    so it is set here, before any model loads; without it deterministic mode warns on every
+    cuBLAS call and is still not reproducible. Torch's debugging aid of filling uninitialized
+    memory with NaN is switched off: it costs a write per allocation, and nothing here reads
+    memory it has not written."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    # warn_only: an op with no deterministic CUDA kernel warns (naming itself) instead of
+    # stopping a run that may be days long.
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = False
+
+
+def gradient_checkpointing(setting: Any, device: torch.device, num_params: int) -> bool:
+    """trainer.gradient_checkpointing resolved: true/false as given; auto: on for a base of at
+    least 4B parameters on CUDA (activations of long completions then outgrow a GPU's memory)."""
+    if setting == "auto":
+        return device.type == "cuda" and num_params >= 4e9
+    return bool(setting)
+
+
+@dataclass
+class Setup:
+    """Everything a run trains with, built from the config (the benchmark builds the same)."""
+
+    task: Any
+    policies: AgentPolicies
+    rollout: Rollout
+    algo: Any
+    train_set: list[Problem]
+    eval_set: list[Problem]
+    max_steps: int
+    sharding: str | None = None  # what FSDP left on each rank (trainer.fsdp), to print
+    # algo.lr_scheduler, stepped once per trainer step (train() rebuilds them after a resume).
+    schedulers: list = dataclasses.field(default_factory=list)
+    # Synchronized step timers, model FLOPs and MFU, peak GPU memory (perf.py).
+    meter: perf.Meter = dataclasses.field(default_factory=perf.Meter)
+
+
+def build(cfg: DictConfig, task: Any = None) -> Setup:
+    """The run's task, policies, rollout and algorithm; `task` replaces cfg.task's (benchmarks)."""
+    tc = cfg.trainer
+    algo_cls = algorithm_class(cfg.algo.name)
+    task = task or algo_cls.task_view(build_task(cfg.task), cfg.algo)
+    if isinstance(task, TurnTask) and not algo_cls.supports_turn_tasks:
+        raise UserError(f"algo={cfg.algo.name} does not play turn-based tasks ({task.name}) yet: use algo=at_grpo "
+                        "(trainer.max_steps=0 evaluates the untrained team)")
+    if isinstance(task, TurnTask) and cfg.algo.get("joint_mode", "align") != "align":
+        raise UserError(f"algo.joint_mode={cfg.algo.joint_mode} needs a joint-reward task; turn-based tasks ({task.name}) "
+                        "fork episodes: set algo.joint_mode=align")
+    turns = cfg.algo.get("num_turns", 1)
+    if task.max_turns is not None and algo_cls.trainable and turns > task.max_turns:
+        hint = "is single-turn" if task.max_turns == 1 else f"has at most {task.max_turns} turns"
+        fix = "=1" if task.max_turns == 1 else f"<={task.max_turns}"
+        raise UserError(f"task {task.name} {hint} but algo.num_turns={turns}: set algo.num_turns{fix}")
+    # Prompt-only baselines are evaluated, never trained.
+    max_steps = tc.max_steps if algo_cls.trainable else 0
+    train_set = task.load_split("train") if max_steps > 0 else []
+    # A run that trains with every evaluation off needs no eval data (a task=team without a test file);
+    # one that does not train (a prompt-only baseline, marl-llm-eval) is there to evaluate.
+    evaluates = tc.eval_before or tc.eval_after or tc.eval_every > 0 or max_steps == 0
+    eval_set = task.load_split("eval")[: tc.eval_max_problems or None] if evaluates else []
+    fsdp.check_supported(cfg)
+    if max_steps > 0:
+        check_trainable_dtype(resolve_dtype(cfg.model.dtype, resolve_device(cfg.model.device)))
+    sharded = tc.fsdp and distributed.world().size > 1
+    policies = AgentPolicies(task.agent_names, cfg.model, cfg.algo, cfg.seed, load_on_cpu=sharded)
+    if tc.rollout == "vllm":
+        from marl_llm.rollout.vllm import VLLMRollout
+
+        run_dir = OmegaConf.select(cfg, "run_dir", throw_on_missing=False)
+        rollout = VLLMRollout(policies, tc.vllm_gpu_memory_utilization, sleep=tc.vllm_sleep,
+                              root=Path(run_dir) / "vllm_adapters" if run_dir else None)
+    else:
+        rollout = HFRollout(policies, max_batch=tc.sequences_per_generate, decode=tc.decode,
+                            compile_decode=tc.compile_decode)
+    meter = perf.Meter(policies.device, perf.peak_tflops(policies.device, policies.dtype, tc.peak_tflops))
+    # Generation timed apart from reward scoring, its FLOPs counted from the completions' lengths.
+    rollout = perf.MeteredRollout(rollout, meter, policies)
+    algo = build_algorithm(cfg.algo, task, policies, rollout, tc.completions_per_micro_batch)
+    # After the algorithm: a separate critic is a trained model too.
+    base_params = sum(q.numel() for q in policies.models[0].get_base_model().parameters())
+    if gradient_checkpointing(tc.gradient_checkpointing, policies.device, base_params):
+        policies.enable_gradient_checkpointing(algo.extra_models())
+    # After the algorithm: its critics add adapters, and FSDP fixes the parameters it manages.
+    sharding = fsdp.shard_policies(policies) if sharded else None
+    schedulers = lr_schedulers(list(policies.optimizers.values()), cfg.algo, max_steps)
+    meter.watch([*policies.models, *policies.references, *algo.extra_models()])  # every pass of every model
+    return Setup(task, policies, rollout, algo, train_set, eval_set, max_steps, sharding, schedulers, meter)
+
+
+def join_world(cfg: DictConfig) -> distributed.World:
+    """Join the launcher's data-parallel group (torchrun, accelerate launch, SLURM tasks), if any."""
+    check_device_for_ranks(cfg.model.device, distributed.launched_world_size())
+    cpu = cfg.model.device == "cpu" or not torch.cuda.is_available()
+    w = distributed.init(cfg.trainer.distributed_timeout_min, cpu=cpu)
+    if w.size > 1 and cfg.trainer.prompts_per_step % w.size:
+        raise UserError(f"trainer.prompts_per_step={cfg.trainer.prompts_per_step} does not split over {w.size} "
+                        f"processes: use a multiple of {w.size} (each rank rolls out its own share of the problems)")
+    return w
