@@ -17,7 +17,7 @@ _MAIN = str(Path(__file__).resolve().parent / "child" / "main.py")
 
 
 class _Zygote:
-    """The judges' zygote (child/judge.py `serve_forever`), started on first use: each run's judge
+    """The judges' zygote (child/main.py `serve_forever`), started on first use: each run's judge
     is a fork of it, so a run pays no interpreter start-up."""
 
     def __init__(self) -> None:
