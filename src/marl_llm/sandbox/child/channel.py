@@ -66,12 +66,19 @@ class Channel:
             raise Gone(self.gone)
 
     def receive(self, want_id=None):
+        """The next answer (to request `want_id`: answers to earlier requests are dropped). An
+        unreadable answer comes back as {"unreadable": why}."""
         while True:
             try:
-                reply = candidate.read_message(self.rep_r, codec.MAX_MESSAGE_BYTES)
+                reply = candidate.read_message(self.rep_r, codec.MAX_REPLY_BYTES)
             except Timeout:
                 self._mark_gone("the candidate stopped answering")
                 raise
+            except codec.Unreadable as e:
+                if getattr(e, "fatal", False):  # the rest of the stream cannot be read in step
+                    self._mark_gone("the candidate sent %s" % e)
+                    raise Gone(self.gone)
+                return {"unreadable": str(e)}
             except (OSError, ValueError):
                 reply = None
             if reply is None:

@@ -25,6 +25,7 @@ Records to the trainer, one per line, fields separated by spaces (text fields he
 import builtins
 import json
 import os
+import resource
 import signal
 import threading
 import time
@@ -78,6 +79,20 @@ def _end_process_group(pid):
             pass
 
 
+def _set_own_limits(limits):
+    """The judge's own limits (after the candidate's processes are forked, which set theirs): its
+    memory at most the run's `memory_mb` past what it holds now, its CPU time the run's wall-clock
+    cap. A crafted answer that slipped past the codec's bounds cannot make it outgrow the run."""
+    with open("/proc/self/statm") as f:
+        held = os.sysconf("SC_PAGE_SIZE") * int(f.read().split()[0])
+    for res, value in ((resource.RLIMIT_AS, held + limits["as_extra"]), (resource.RLIMIT_CPU, limits["cpu"]),
+                       (resource.RLIMIT_CORE, 0)):
+        _, hard = resource.getrlimit(res)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        resource.setrlimit(res, (value, hard))
+
+
 def judge_main(cfg, fds):
     """One run. fds: [control/job, results, candidate stdout, candidate stderr, judge stderr]."""
     control, result_fd, out_fd, err_fd, jerr_fd = fds
@@ -98,6 +113,7 @@ def judge_main(cfg, fds):
         run_keeper(cfg, judge_pid, req_r, rep_w, c2j_w, j2c_r, (req_w, rep_r, c2j_r, j2c_w, result_fd, control))
     for fd in (req_r, rep_w, c2j_w, j2c_r, out_fd, err_fd):
         os.close(fd)
+    _set_own_limits(cfg["judge_limits"])
 
     def emit(*fields):
         line = b" ".join(fields) + b"\n"
@@ -113,8 +129,8 @@ def judge_main(cfg, fds):
             emit(b"D")
             os._exit(0)
         confine.write_id_maps(pid, cfg["ids"][0], cfg["ids"][1])
-        if cfg["cgroup_procs"]:
-            with open(cfg["cgroup_procs"], "w") as f:
+        for procs in cfg["cgroup_procs"]:
+            with open(procs, "w") as f:
                 f.write(str(pid))
         os.write(j2c_w, b"k")
     line = read_line(c2j_r)
@@ -146,6 +162,8 @@ def judge_main(cfg, fds):
         if code is not None:
             emit(b"E", num(code))
         emit(b"D")
+        os.close(result_fd)  # the trainer is done with us: it need not wait for C
+        os.close(2)
         try:
             os.write(j2c_w, b"x")
         except OSError:
@@ -228,11 +246,15 @@ def _judge(job, channel, emit, num):
             return _answer(reply)
 
     def _answer(reply):
+        if "unreadable" in reply:
+            raise TypeError("the candidate's answer cannot be read: %s" % reply["unreadable"])
         if "r" in reply:
             try:
                 return codec.decode(reply["r"])
-            except (ValueError, TypeError, RecursionError, OverflowError):
-                raise TypeError("the candidate returned a value that cannot be decoded")
+            except codec.Unreadable as e:
+                raise TypeError("the candidate's answer cannot be read: %s" % e)
+            except (ValueError, TypeError, RecursionError, ArithmeticError) as e:
+                raise TypeError("the candidate's answer cannot be read: a malformed value (%s)" % describe(e))
         if "t" in reply:
             timed_out[0] = True
             raise Timeout()
@@ -282,7 +304,10 @@ def _judge(job, channel, emit, num):
     flag = str(reply.get("load", "F")).encode()[:1]
     if flag not in (b"P", b"F", b"T", b"M"):
         flag = b"F"
-    emit(b"L", flag, _hex(reply.get("error", "")))
+    error = reply.get("error", "")
+    if "unreadable" in reply:
+        error = "the candidate's answer cannot be read: " + reply["unreadable"]
+    emit(b"L", flag, _hex(error))
     if flag != b"P":
         return
     names = reply.get("names") if type(reply.get("names")) is dict else {}
@@ -326,6 +351,10 @@ def _judge(job, channel, emit, num):
         def short(v):
             try:
                 s = repr(v)
+            except ValueError:  # an int past the 4300 digits that int -> str allows
+                if type(v) is int:
+                    return "an int of about %d digits" % (v.bit_length() * 0.30103 + 1)
+                return "a %s that holds an int of over 4300 digits" % type(v).__name__
             except BaseException:
                 s = "<unrepresentable>"
             return s if len(s) <= 120 else s[:117] + "..."
