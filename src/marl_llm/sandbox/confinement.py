@@ -48,7 +48,8 @@ def process_mode_losses() -> str:
     root = os.geteuid() == 0
     who = "nobody" if root else "the trainer's user"
     abi = isolation.landlock_abi()
-    out = [f"the candidate runs as {who} without namespaces, with a single task (no fork, no threads)"]
+    out = [f"the candidate runs as {who} without namespaces, with a single task (no fork, no threads); its work "
+           "dir is in the host's temp dir with no size cap (only a cap per file), so it can fill that disk"]
     if abi == 0:
         out.append(f"this kernel has no Landlock (Linux 5.13+), so it can read every file {who} can (datasets and "
                    "their answers included) and what /proc shows of other processes")
