@@ -7,9 +7,11 @@ group, and continues the episode from the best candidate (greedy continuation; o
 applied as the agent's transition so the next agent in the turn sees it.
 
 - Turn-based tasks (Sokoban, Plan-Path): `marl_llm.tasks.turn_based.run_episodes`.
-- Joint-reward tasks (writing, code): the agents sample K joint actions in parallel from the
-  current node (team = the joint reward, local = 0), groups are (env, agent, turn), and only the
-  best joint action is expanded in the next turn. Single-turn, this is per-agent GRPO groups.
+- Joint-reward tasks (writing, code, task=env): the agents sample K joint actions in parallel from
+  the current node (team = the joint reward, local = the agent's own reward where the task gives
+  one, as task=env's environments do, else 0), groups are (env, agent, turn), and only the best
+  joint action (by team reward; with local rewards, by the agents' summed scores) is expanded in
+  the next turn. Single-turn, this is per-agent GRPO groups.
 
 Advantage in a group: A = (r - mean) / (std + eps) (unbiased std, as verl). Loss: PPO clipped
 surrogate, token-mean, `ppo_epochs` passes in mini-batches (marl_llm.algos.update). Each sample
@@ -154,9 +156,15 @@ class ATGRPO(Algorithm):
                                         a.num_branches, a.alpha, a.select, self.rng)
             return ATTree(tree.problems, tree.turns, groups)
 
+        def agent_score(n: JointNode, i: int) -> float:
+            """alpha * team + the agent's own reward, where the task gives one (task=env)."""
+            return a.alpha * n.reward.total + (n.reward.local[i] if n.reward.local else 0.0)
+
         def continue_from(siblings: list[JointNode]) -> list[JointNode]:
             if a.select == "random":
                 return [self.rng.choice(siblings)]
+            if siblings[0].reward.local:  # the joint action whose agents' scores sum highest
+                return [max(siblings, key=lambda n: sum(agent_score(n, i) for i in range(self.task.num_agents)))]
             return [max(siblings, key=lambda n: n.reward.total)]  # ties: the first
 
         tree = collect_tree(self.task, self.rollout.generate, problems, [a.num_branches] * self.turns, sampling,
@@ -167,11 +175,11 @@ class ATGRPO(Algorithm):
             for n in turn:
                 by_parent.setdefault((n.problem, n.parent), []).append(n)
             for (b, _), siblings in by_parent.items():
-                scores = [a.alpha * n.reward.total for n in siblings]  # team reward; no role reward here
-                chosen = scores.index(max(scores))
                 for i in range(self.task.num_agents):
+                    scores = [agent_score(n, i) for n in siblings]
                     groups.append(CandidateGroup((env_key(b, tree.problems[b].uid), i, t),
-                                                 [n.completions[i] for n in siblings], scores, chosen))
+                                                 [n.completions[i] for n in siblings], scores,
+                                                 scores.index(max(scores))))
         return ATTree(tree.problems, tree.turns, groups)
 
     supports_turn_tasks = True

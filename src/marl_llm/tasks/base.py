@@ -39,6 +39,8 @@ class JointReward:
         logged as rewards/<level>_ungated/mean and, summed, reward_ungated.
     done: the environment ended the episode (e.g. StrBuild reached its success threshold): the
         joint action is not expanded in later turns, whatever the horizon.
+    local: each agent's own (role) reward, in agent order, where the task gives one (task=env);
+        AT-GRPO scores agent i's candidate alpha * total + local[i]. Empty: none.
     """
 
     total: float
@@ -47,6 +49,7 @@ class JointReward:
     passed: bool | None = None
     ungated: dict[str, float] = field(default_factory=dict)
     done: bool = False
+    local: list[float] = field(default_factory=list)
 
 
 @dataclass
