@@ -170,6 +170,18 @@ class Task(ABC):
                 "Revise your draft so that your part and theirs work together. Output only your revised part.")
 
 
+def seed_problems(name: str, split: str, num_train: int, eval_seed: int, num_eval: int) -> list[Problem]:
+    """The problems of a task whose instances are generated from seeds (the grid games, task=env):
+    training seeds 0 .. num_train - 1, evaluation seeds eval_seed .. eval_seed + num_eval - 1."""
+    if split == "train":
+        seeds = range(num_train)
+    elif split == "eval":
+        seeds = range(eval_seed, eval_seed + num_eval)
+    else:
+        raise ValueError(f"unknown split {split!r}: expected train or eval")
+    return [Problem(uid=f"{name}/{split}/{s}", data={"seed": s}) for s in seeds]
+
+
 TASKS: dict[str, Callable[[Any], Task]] = {}
 
 

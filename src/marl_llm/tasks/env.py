@@ -45,7 +45,7 @@ from typing import Any, Callable, Dict, List, Optional
 from omegaconf import OmegaConf
 
 from marl_llm.config import UserError, check_value
-from marl_llm.tasks.base import JointReward, Problem, Task, Turn, register_task
+from marl_llm.tasks.base import JointReward, Problem, Task, Turn, register_task, seed_problems
 from marl_llm.tasks.team import resolve_function
 
 
@@ -222,13 +222,7 @@ class EnvTask(Task):
     # -- the joint-reward task interface -----------------------------------------------------------
     def load_split(self, split: str) -> list[Problem]:
         c = self.cfg
-        if split == "train":
-            seeds = range(int(c.num_train_seeds))
-        elif split == "eval":
-            seeds = range(int(c.eval_seed), int(c.eval_seed) + int(c.num_eval_seeds))
-        else:
-            raise ValueError(f"unknown split {split!r}: expected train or eval")
-        return [Problem(uid=f"env/{split}/{s}", data={"seed": s}) for s in seeds]
+        return seed_problems(self.name, split, int(c.num_train_seeds), int(c.eval_seed), int(c.num_eval_seeds))
 
     def initial_prompts(self, problem: Problem) -> list[str]:
         seed = int(problem.data["seed"])
