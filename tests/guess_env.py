@@ -60,3 +60,9 @@ class Guess:
         feedback = " Last turn: " + "; ".join(f"{a} said {said(g)}" for a, g in guesses.items()) + "."
         observations = {a: self._ask(feedback) for a in self.agents}
         return observations, rewards, team, found, {"success": found}
+
+
+class Unnamed(Guess):
+    """The game without agent names (task.agents must name them)."""
+
+    agents: list[str] = []

@@ -86,6 +86,12 @@ def test_the_class_is_named_as_module_class_and_checked_before_models_load():
         env_task("task.env_kwargs.mode=reset_one_observation")
     with pytest.raises(UserError, match=r"creating it with task.env_kwargs=\{'nope': 1\} raised TypeError"):
         env_task("+task.env_kwargs.nope=1")
+    with pytest.raises(UserError, match=r"OrderedDict has no reset\(\) method: an environment needs reset\(seed\)"):
+        env_task("task.env=collections:OrderedDict")
+    with pytest.raises(UserError, match=r"name the agents, as task.agents=\[a,b\]"):
+        env_task("task.env=guess_env:Unnamed")
+    with pytest.raises(UserError, match=r"reset\(seed=0\) returned no observation for agent x \(agents: x, y\)"):
+        env_task("task.env=guess_env:Unnamed", "task.agents=[x,y]")  # its observations are keyed by other names
 
 
 @pytest.mark.parametrize("mode,message", [
