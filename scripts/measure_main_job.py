@@ -50,6 +50,11 @@ def read_run(run_dir: Path) -> dict:
     evals = [r for r in rows if "eval/reward" in r]
     summary = json.loads((run_dir / "summary.json").read_text())
     machine = json.loads((run_dir / "measure.json").read_text()) if (run_dir / "measure.json").exists() else {}
+    overrides = run_dir / ".hydra" / "overrides.yaml"  # a run started some other way: its command line
+    if "command" not in machine and overrides.exists():
+        import yaml
+
+        machine["command"] = " ".join(shlex.quote(o) for o in yaml.safe_load(overrides.read_text()))
     return {"dir": run_dir, "train": train, "evals": evals, "summary": summary, "machine": machine}
 
 
@@ -113,7 +118,7 @@ def plot(runs: list[dict], seeds: list[str], path: Path) -> None:
     plt.close(fig)
 
 
-def report(runs: list[dict], seeds: list[str], md: Path, png: Path) -> str:
+def report(runs: list[dict], seeds: list[str], md: Path, png: Path, note: str = "") -> str:
     s = [stats(r) for r in runs]
     cfg_lines = []
     cfg_path = runs[0]["dir"] / "config.yaml"
@@ -133,7 +138,7 @@ def report(runs: list[dict], seeds: list[str], md: Path, png: Path) -> str:
     for i in range(n_steps):
         vals = [st["rewards"][i] if i < len(st["rewards"]) else None for st in s]
         step_rows.append(f"| {i + 1} | " + " | ".join(fmt(v) for v in vals) + f" | {fmt(mean([v for v in vals if v is not None]))} |")
-    machine = [r["machine"] for r in runs if r["machine"]]
+    machine = [r["machine"] for r in runs if "load_before" in r["machine"]]
     loads = [m["load_before"] for m in machine] + [m["load_after_1min"] for m in machine]
     over = [seed for st, seed in zip(s, seeds) if st["wall_s"] > BUDGET_S]
     lines = [
@@ -146,6 +151,7 @@ def report(runs: list[dict], seeds: list[str], md: Path, png: Path) -> str:
         f"- machine: {os.cpu_count()} CPUs seen; 1-minute load average while the runs ran: "
         + (f"{min(loads):.1f}-{max(loads):.1f}" if loads else "not recorded")
         + " (a load above the core count means the runs shared the cores, and every time below is inflated)",
+        *([f"- note: {note}"] if note else []),
         "",
         "## Before -> after",
         "",
@@ -197,6 +203,7 @@ def main() -> int:
     ap.add_argument("--out-dir", type=Path, default=REPO / "outputs" / "main_job", help="run dirs: <out-dir>/seed<s>")
     ap.add_argument("--runs", type=Path, nargs="+", help="report these finished run dirs; run nothing")
     ap.add_argument("--md", type=Path, default=REPO / "results" / "magrpo_humaneval.md")
+    ap.add_argument("--note", default="", help="a line for the report (e.g. how the machine was shared)")
     ap.add_argument("overrides", nargs="*", help="more overrides for every run (e.g. trainer.threads=1)")
     args = ap.parse_args()
     if args.runs:
@@ -213,7 +220,7 @@ def main() -> int:
             dirs.append(run_dir)
             seeds.append(str(seed))
     runs = [read_run(d) for d in dirs]
-    print(report(runs, seeds, args.md, args.md.with_suffix(".png")))
+    print(report(runs, seeds, args.md, args.md.with_suffix(".png"), args.note))
     return 0
 
 
