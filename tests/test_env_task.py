@@ -76,22 +76,22 @@ def test_done_ends_the_episode_and_success_is_reported(tmp_path):
     assert tree.turns[0][0].reward.passed is True and tree.turns[0][0].reward.levels["found"] == 1.0
 
 
-def test_the_class_is_named_as_module_class_and_checked_before_models_load():
-    with pytest.raises(UserError, match=r"task.env=guess_env:Nope: guess_env has no 'Nope'"):
-        env_task("task.env=guess_env:Nope")
-    with pytest.raises(UserError, match=r"name a class as module:class"):
-        env_task("task.env=Guess")
+@pytest.mark.parametrize("overrides,message", [
+    (["task.env=guess_env:Nope"], r"task.env=guess_env:Nope: guess_env has no 'Nope'"),
+    (["task.env=Guess"], r"name a class as module:class"),
     # reset returns one observation for two agents: one line naming reset, the count and the agents
-    with pytest.raises(UserError, match=r"reset\(seed=0\) returned 1 observations for 2 agents \(guesser, helper\)"):
-        env_task("task.env_kwargs.mode=reset_one_observation")
-    with pytest.raises(UserError, match=r"creating it with task.env_kwargs=\{'nope': 1\} raised TypeError"):
-        env_task("+task.env_kwargs.nope=1")
-    with pytest.raises(UserError, match=r"OrderedDict has no reset\(\) method: an environment needs reset\(seed\)"):
-        env_task("task.env=collections:OrderedDict")
-    with pytest.raises(UserError, match=r"name the agents, as task.agents=\[a,b\]"):
-        env_task("task.env=guess_env:Unnamed")
-    with pytest.raises(UserError, match=r"reset\(seed=0\) returned no observation for agent x \(agents: x, y\)"):
-        env_task("task.env=guess_env:Unnamed", "task.agents=[x,y]")  # its observations are keyed by other names
+    (["task.env_kwargs.mode=reset_one_observation"],
+     r"reset\(seed=0\) returned 1 observations for 2 agents \(guesser, helper\)"),
+    (["+task.env_kwargs.nope=1"], r"creating it with task.env_kwargs=\{'nope': 1\} raised TypeError"),
+    (["task.env=collections:OrderedDict"], r"OrderedDict has no reset\(\) method: an environment needs reset\(seed\)"),
+    (["task.env=guess_env:Unnamed"], r"name the agents, as task.agents=\[a,b\]"),
+    # its observations are keyed by other names
+    (["task.env=guess_env:Unnamed", "task.agents=[x,y]"], r"reset\(seed=0\) returned no observation for agent x "
+                                                          r"\(agents: x, y\)"),
+])
+def test_the_class_is_named_as_module_class_and_checked_before_models_load(overrides, message):
+    with pytest.raises(UserError, match=message):
+        env_task(*overrides)
 
 
 @pytest.mark.parametrize("mode,message", [
