@@ -41,6 +41,7 @@ Deliberate deviations are opt-in switches; the paper presets use the reference's
 | `algo.rollout_buffer_size`, `algo.train_batch_size` | comlrl's per-agent node buffer, drained turn by turn | `null`: one optimizer step per trainer step |
 | `algo.max_grad_norm`, `algo.weight_decay` | `null` (no clipping), `0.01` (torch AdamW default) | `1.0`, `0.0` |
 | `algo.normalize_advantages` (MAGRPO) | `true` | `false` |
+| `algo.loss_tokens` | MAGRPO `padded_row`: the node's `generate()` row, padding after EOS included, minus its last token; CoLLM `before_pad`: the ids before the first pad (no EOS when pad == eos) | `completion`: each completion through its first EOS |
 
 Sources:
 """
