@@ -42,6 +42,9 @@ Deliberate deviations are opt-in switches; the paper presets use the reference's
 | `algo.max_grad_norm`, `algo.weight_decay` | `null` (no clipping), `0.01` (torch AdamW default) | `1.0`, `0.0` |
 | `algo.normalize_advantages` (MAGRPO) | `true` | `false` |
 | `algo.loss_tokens` | MAGRPO `padded_row`: the node's `generate()` row, padding after EOS included, minus its last token; CoLLM `before_pad`: the ids before the first pad (no EOS when pad == eos) | `completion`: each completion through its first EOS |
+| `trainer.eval_protocol`, `trainer.eval_interval` | `paper`: before every `eval_interval`-th batch of each epoch, one rollout sampled at the training settings on each of the first `eval_max_problems` (4; StrBuild 2) eval items; the mean reward, expected return and test pass rate per turn | `own`: greedy pass@1, reward and levels every `eval_every` steps, sampled pass@k |
+| `task.reward.variant` + pass@1 | under the reference harness pass@1 cannot reach 1: it fails 21 of 164 HumanEval canonical solutions (4 of `test[:32]`); `pass@1_ceiling` is reported beside every pass@ metric | `fixed`: every canonical solution passes |
+| `task.end_on_success` (StrBuild) | `false`: an episode ends at the horizon or the early-termination threshold | `true`: success ends it |
 
 Sources:
 """

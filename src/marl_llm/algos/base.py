@@ -50,6 +50,10 @@ class Algorithm(ABC):
     trainable: bool = True
     # True: can play turn-based tasks (marl_llm.tasks.turn_based: Sokoban, Plan-Path).
     supports_turn_tasks: bool = False
+    # trainer.eval_protocol=paper: True if the reference evaluates with its training rollout (comlrl's
+    # actor-critic trainers: early termination, discounted returns); False: every turn played,
+    # undiscounted returns (comlrl's MAGRPO).
+    eval_as_training: bool = False
 
     @classmethod
     def task_view(cls, task: Task, cfg: Any) -> Task:

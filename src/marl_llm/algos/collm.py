@@ -47,26 +47,12 @@ from marl_llm.algos.returns import gae, normalize_per_group, td0
 from marl_llm.algos.update import UpdateSettings, policy_update
 from marl_llm.config import PolicyConfig, UserError, check_choice, check_policy_updates, check_value
 from marl_llm.distributed import fsdp
-from marl_llm.training.episodes import JointNode, JointTree
+from marl_llm.training.episodes import JointNode, JointTree, trajectories
 from marl_llm.training.rollout_metrics import reward_metrics
 from marl_llm.models.policies import full_model, lora_weights
 from marl_llm.models.loading import load_base
 from marl_llm.models.prompting import encode_prompt
 from marl_llm.tasks.base import Problem
-
-
-def trajectories(tree: JointTree) -> list[list[JointNode]]:
-    """The tree's chains of joint actions, root to end (a width-1 tree: one per environment)."""
-    chains = []
-    for t, turn in enumerate(tree.turns):
-        for node in turn:
-            if node.terminated:
-                chain, parent = [node], node.parent
-                for earlier in range(t - 1, -1, -1):
-                    chain.append(tree.turns[earlier][parent])
-                    parent = chain[-1].parent
-                chains.append(chain[::-1])
-    return chains
 
 
 def joint_history(node: JointNode, with_actions: bool) -> str:
@@ -171,6 +157,7 @@ class CriticBatch:
 
 class ActorCritic(Algorithm):
     supports_turn_tasks = True
+    eval_as_training = True
     # True: one critic over the joint history (CC); False: one critic per agent (DC).
     centralized: ClassVar[bool] = True
 
