@@ -185,6 +185,9 @@ class TrainerConfig:
     max_steps: int = 3
     # Problems (environment instances) per step; each yields a rollout tree of joint actions.
     prompts_per_step: int = 1
+    # shuffle: every epoch in a fresh order (seeded); in_order: the training set's own order every
+    # epoch, as the reference trainers (training/data_order.py).
+    data_order: str = "shuffle"
     # Completions per forward/backward pass in the update (gradient accumulation above it).
     completions_per_micro_batch: int = 4
     # Evaluation protocol (training/evaluation.py): own: greedy rollouts (pass@1, reward, levels)
@@ -473,6 +476,7 @@ def check_shared(cfg: DictConfig) -> None:
     check_value(t.completions_per_micro_batch >= 1, "trainer.completions_per_micro_batch", "must be >= 1")
     check_value(t.eval_every >= 0, "trainer.eval_every", "must be >= 0")
     check_choice(cfg, "trainer.eval_protocol", ("own", "paper"))
+    check_choice(cfg, "trainer.data_order", ("shuffle", "in_order"))
     check_value(t.eval_interval >= 0, "trainer.eval_interval", "must be >= 0 (batches of an epoch; 0: none)")
     check_value(t.save_every >= 0, "trainer.save_every", "must be >= 0")
     check_value(t.eval_max_problems is None or t.eval_max_problems >= 1, "trainer.eval_max_problems",

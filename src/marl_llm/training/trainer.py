@@ -72,7 +72,8 @@ def train_step(run: Setup, cfg: DictConfig, step: int,
     policies, algo = run.policies, run.algo
     t0 = run.meter.start_step()  # synchronized clock (CUDA); resets the peak-memory statistic
     if problems is None:
-        problems = distributed.shard(batch_for_step(run.train_set, step, cfg.trainer.prompts_per_step, cfg.seed))
+        problems = distributed.shard(batch_for_step(run.train_set, step, cfg.trainer.prompts_per_step, cfg.seed,
+                                                    cfg.trainer.data_order))
     PROGRESS.debug("phase", extra={"phase": "rollout"})  # the console's progress (Watch)
     with fsdp.unsharded(policies, cfg.trainer.fsdp_unshard_rollout):  # every rank collects once per step
         tree = algo.collect(problems)

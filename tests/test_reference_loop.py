@@ -153,3 +153,53 @@ def test_trainer_evaluates_on_the_reference_schedule(tiny_model_dir, tmp_path):
                 "eval/pass@1_sampled", "eval/pass@1_ceiling"} <= set(r)
         assert "eval/pass@1" not in r
     assert "ceiling" in out.stderr + out.stdout
+
+
+def test_in_order_data_is_comlrls_and_shuffle_is_not(tiny_model_dir):
+    """trainer.data_order=in_order walks the training set in its order every epoch, as comlrl's
+    train loop (DataLoader shuffle=False); marl-llm's default shuffles each epoch."""
+    from marl_llm.tasks.base import Problem
+    from marl_llm.training.data_order import batch_for_step
+
+    events = comlrl_schedule(tiny_model_dir, 5, 1, 3, 0, 1)
+    ref = [item for kind, item in events if kind == "train"]
+    problems = [Problem(f"t{k}", {}) for k in range(5)]
+    assert [p.uid for s in range(15) for p in batch_for_step(problems, s, 1, 7, "in_order")] == ref
+    assert [p.uid for s in range(5) for p in batch_for_step(problems, s, 3, 7, "in_order")] == ref
+    assert [p.uid for s in range(15) for p in batch_for_step(problems, s, 1, 7)] != ref
+    keys = [p.sample_key for s in range(3) for p in batch_for_step(problems, s, 1, 7, "in_order")]
+    assert keys == [p.sample_key for s in range(3) for p in batch_for_step(problems, s, 1, 7)]  # same draws
+
+
+def test_unapplied_generation_settings_are_named_once(tiny_model_dir, caplog):
+    """algo.sampling.top_k=null reads the generation config as the references' generate(); a setting
+    of it that generate() would apply and marl-llm's sampler does not (repetition_penalty) is named
+    in one warning per model; nothing with top_k set or a plain config."""
+    import logging
+
+    from marl_llm.algos import build_algorithm
+    from marl_llm.algos.base import unapplied_generation_settings
+    from marl_llm.rollout.decode import HFRollout
+    from marl_llm.tasks import build_task
+
+    cfg = compose_config(["task=humaneval", "algo=magrpo", "algo.sampling.top_k=null"])
+    policies = make_policies(tiny_model_dir)
+    model = policies.models[0]
+    assert unapplied_generation_settings(model) == {}
+    model.generation_config.repetition_penalty = 1.05
+    model.generation_config.top_k = 20
+    assert unapplied_generation_settings(model) == {"repetition_penalty": 1.05}
+    algo = build_algorithm(cfg.algo, build_task(cfg.task), policies, HFRollout(policies), 8)
+    with caplog.at_level(logging.WARNING, logger="marl_llm"):
+        sampling = algo.agent_sampling()
+        algo.agent_sampling()
+    assert [s.top_k for s in sampling] == [20, 20]
+    warnings = [r.getMessage() for r in caplog.records if "repetition_penalty=1.05" in r.getMessage()]
+    assert len(warnings) == 1 and "does not" in warnings[0]
+    caplog.clear()
+    cfg = compose_config(["task=humaneval", "algo=magrpo", "algo.sampling.top_k=0"])
+    other = make_policies(tiny_model_dir)
+    other.models[0].generation_config.repetition_penalty = 1.05
+    with caplog.at_level(logging.WARNING, logger="marl_llm"):
+        build_algorithm(cfg.algo, build_task(cfg.task), other, HFRollout(other), 8).agent_sampling()
+    assert not caplog.records
