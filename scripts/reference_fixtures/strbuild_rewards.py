@@ -47,7 +47,6 @@ repository.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import importlib
 import json
@@ -59,7 +58,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkout import git_commit  # noqa: E402
-from strbuild_prompts import PACKAGE, install_package, run_main  # noqa: E402
+from strbuild_prompts import PACKAGE, checkout_args, install_package, run_main  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "tests" / "fixtures" / "strbuild_reward_paper.jsonl.gz"
@@ -340,12 +339,8 @@ def cases_for(group: tuple, items: dict[str, dict], rng: random.Random) -> list[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkout", type=Path, help="a LLM_Collab_Minecraft checkout (its root directory)")
-    parser.add_argument("--commit", help="the checkout's commit, when it is not a git work tree")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
-    checkout = args.checkout.resolve()
+    args = checkout_args(__doc__, OUT)
+    checkout = args.checkout
     commit = args.commit or git_commit(checkout)
     if commit != REF_COMMIT:
         sys.exit(f"{checkout} is at {commit}, the fixtures are of {REF_COMMIT}: check that commit out "

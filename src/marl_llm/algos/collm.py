@@ -42,7 +42,7 @@ from omegaconf import MISSING
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.buffer import BufferedSample, SampleBuffer, step_stats
 from marl_llm.algos.critic import Critic, ValueHead, has_dropout
-from marl_llm.algos.loss_tokens import ACTOR_CRITIC_LOSS_TOKENS, before_pad
+from marl_llm.algos.loss_tokens import ACTOR_CRITIC_LOSS_TOKENS, with_loss_tokens
 from marl_llm.algos.returns import gae, normalize_per_group, td0
 from marl_llm.algos.update import UpdateSettings, policy_update
 from marl_llm.config import PolicyConfig, UserError, check_choice, check_policy_updates, check_value
@@ -269,9 +269,9 @@ class ActorCritic(Algorithm):
             if a.normalize_advantages and self.buffer is None:
                 adv = normalize_per_group(adv, [(i, t) for t in turns])
             comps = [n.completions[i] for n in nodes]
-            if a.loss_tokens == "before_pad":
+            if a.loss_tokens != "completion":  # one trajectory per environment: each sample its own node
                 pad = self.policies.tokenizers[self.policies.agents[i].model_index].pad_token_id
-                comps = [before_pad(c, pad) for c in comps]
+                comps = [c for one in comps for c in with_loss_tokens(a.loss_tokens, [one], pad)]
             batches.append(AgentBatch(i, comps, adv.float(), list(turns)))
         return batches
 

@@ -46,3 +46,14 @@ def before_pad(completion: Completion, pad_id: int) -> Completion:
     ids = completion.completion_ids
     hits = (ids == pad_id).nonzero()
     return replace(completion, loss_ids=ids[:int(hits[0])] if len(hits) else ids)
+
+
+def with_loss_tokens(rule: str, siblings: list[Completion], pad_id: int) -> list[Completion]:
+    """The samples one node drew (generated together), with the loss tokens `rule` gives them."""
+    if rule == "padded_row":
+        return padded_rows(siblings, pad_id)
+    if rule == "before_pad":
+        return [before_pad(c, pad_id) for c in siblings]
+    if rule == "completion":
+        return list(siblings)
+    raise ValueError(f"algo.loss_tokens={rule!r}: use completion, padded_row or before_pad")

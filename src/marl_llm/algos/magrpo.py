@@ -23,7 +23,7 @@ from marl_llm.algos.advantages import (BASELINE_MIN_GROUP_SIZE, BASELINES, GROUP
                                       per_agent_advantages, tree_advantages)
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.buffer import BufferedSample, SampleBuffer, step_stats
-from marl_llm.algos.loss_tokens import MAGRPO_LOSS_TOKENS, padded_rows
+from marl_llm.algos.loss_tokens import MAGRPO_LOSS_TOKENS, with_loss_tokens
 from marl_llm.algos.losses import k3_kl
 from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
 from marl_llm.config import PolicyConfig, check_choice, check_policy_updates, check_value
@@ -145,23 +145,22 @@ class MAGRPO(Algorithm):
                 advs = tree_advantages(agent_rewards[i], parents, a.discount, a.baseline, a.normalize_advantages)
                 for t, turn in enumerate(tree.turns):
                     rows[i].extend((n.completions[i], adv, t) for n, adv in zip(turn, advs[t].tolist()))
-        if a.loss_tokens == "padded_row":
-            self._pad_rows(tree, rows)
+        if a.loss_tokens != "completion":
+            self._loss_tokens(tree, rows)
         groups = sibling_groups(tree) if self.buffer is not None else None  # the buffer's node samples
         return [AgentBatch(i, [c for c, _, _ in r], torch.tensor([v for _, v, _ in r], dtype=torch.float32),
                            [t for _, _, t in r], agent_kl[i], groups) for i, r in enumerate(rows)]
 
-    def _pad_rows(self, tree: JointTree, rows: list[list[tuple[Completion, float, int]]]) -> None:
-        """algo.loss_tokens=padded_row: give every sample comlrl's loss tokens, padded to the longest
-        of the samples its agent drew at the same node (align: the sibling group; cross: the
-        agent's G samples of the problem)."""
+    def _loss_tokens(self, tree: JointTree, rows: list[list[tuple[Completion, float, int]]]) -> None:
+        """algo.loss_tokens (padded_row: comlrl's) for every sample, node by node: the samples its
+        agent drew together (align: the sibling group; cross: the agent's G samples of the problem)."""
         G = self.cfg.num_generations
         groups = ([list(range(s, s + G)) for s in range(0, len(rows[0]), G)] if self.cfg.joint_mode == "cross"
                   else sibling_groups(tree))
         for i, r in enumerate(rows):
             pad = self.policies.tokenizers[self.policies.agents[i].model_index].pad_token_id
             for g in groups:
-                for j, c in zip(g, padded_rows([r[j][0] for j in g], pad)):
+                for j, c in zip(g, with_loss_tokens(self.cfg.loss_tokens, [r[j][0] for j in g], pad)):
                     r[j] = (c, r[j][1], r[j][2])
 
     @torch.no_grad()
