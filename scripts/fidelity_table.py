@@ -37,7 +37,8 @@ code and configs it reproduces. Written by `scripts/fidelity_table.py` from
 `docs/fidelity_references.yaml` (the reference values and their sources) and the composed presets
 (the preset column is what the preset trains with); `tests/test_fidelity.py` fails when this page
 is out of date or a differing row has no note. AT-GRPO: [fidelity_at_grpo.md](fidelity_at_grpo.md).
-Rewards: [rewards_code.md](rewards_code.md), [rewards_writing.md](rewards_writing.md).
+Rewards: [rewards_code.md](rewards_code.md), [rewards_writing.md](rewards_writing.md),
+[rewards_strbuild.md](rewards_strbuild.md).
 
 Deliberate deviations are opt-in switches; the paper presets use the reference's setting:
 
