@@ -6,9 +6,11 @@ Max 4.0, gated levels (a failed level stops the accumulation; later levels stay 
    +0.6 if main's code defines the entry point and it returns a value (required, else stop).
 2. syntax (max 0.5): prompt context + aux + main parse with `ast.parse` -> +0.5, else stop.
 3. tests (max 1.0): +1.0 * passed / total, the combined program run in `marl_llm.sandbox`.
-4. cooperation (max 1.5), only if at least one test passed and aux is defined: +0.5 if main
-   calls `aux`; +1.0 more if main is not a thin wrapper (its body just `return aux(...)`);
-   -0.5 if the result of an `aux(...)` call is discarded (a bare expression statement).
+4. cooperation (max 1.5), only if every test passed and aux is defined: +0.5 if main calls
+   `aux`; +1.0 more if main is not a thin wrapper (its body just `return aux(...)`); -0.5 if the
+   result of an `aux(...)` call is discarded (a bare expression statement). No level above the
+   tests pays for code that does not solve the problem: with a partial test level, a constant
+   answer that stores `aux(...)`'s result would otherwise outscore a correct solution.
 
 Only `ast.parse` runs here (parsing executes nothing); programs run in the sandbox.
 
@@ -40,6 +42,9 @@ __all__ = [
     "prompt_context",
     "score_joint",
     "score_many",
+    "shown_error",
+    "shown_inputs",
+    "solved",
     "syntax_error_site",
     "full_test_code",
 ]
@@ -325,7 +330,7 @@ def _finish(stage: _Stage, outcome: TestOutcome) -> None:
     info["tests_total"] = outcome.tests_total
     if outcome.tests_total:
         levels["tests"] = outcome.tests_passed / outcome.tests_total
-    if outcome.tests_passed < 1 or not stage.aux_defined:
+    if not solved(outcome) or not stage.aux_defined:
         info["stopped_at"] = "tests"
         return
     coop = 0.0
@@ -336,6 +341,11 @@ def _finish(stage: _Stage, outcome: TestOutcome) -> None:
     if stage.coop["discarded_aux"]:
         coop -= 0.5
     levels["cooperation"] = coop
+
+
+def solved(outcome: TestOutcome) -> bool:
+    """Every test ran and passed: what opens the cooperation level."""
+    return outcome.tests_total > 0 and outcome.tests_passed == outcome.tests_total
 
 
 def _reward(stage: _Stage) -> JointReward:
@@ -393,6 +403,35 @@ def _fmt(x: float) -> str:
     return f"{x:.2f}".rstrip("0").rstrip(".") if x != int(x) else f"{x:.1f}"
 
 
+def shown_inputs(source: str, names: set[str]) -> str:
+    """What the detailed feedback shows of a test: the calls of the candidate it makes (their
+    inputs), never the expected values, which would let the next turn copy them instead of
+    solving: `assert candidate([1, 2]) == 5` shows `candidate([1, 2])`."""
+    try:
+        tree = ast.parse(source.strip())
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return "a test that does not parse"
+    calls = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names:
+            text = ast.get_source_segment(source.strip(), node) or ast.unparse(node)
+            if text not in calls:
+                calls.append(text)
+    return ", ".join(calls) if calls else "a check of an earlier call's result"
+
+
+def shown_error(error: str) -> str:
+    """A failed test's error without the expected value: "expected 5, got 1" (the sandbox's
+    comparison) becomes "wrong result (got 1)", an assertion's own message is dropped (tests
+    often put the answer there); other errors (the candidate's exceptions, timeouts) stay."""
+    if error.startswith("expected ") and ", got " in error:
+        # The last ", got " splits it: what follows is then always part of the candidate's value.
+        return f"wrong result (got {error.rsplit(', got ', 1)[1]})"
+    if error.startswith("AssertionError"):
+        return "wrong result"
+    return error
+
+
 def _definition_lines(agent: str, info: dict[str, Any]) -> list[str]:
     entry = info.get("entry_point", "the entry point")
     aux_state = (
@@ -425,11 +464,12 @@ def _test_lines(info: dict[str, Any]) -> list[str]:
         lines.append("The code is too slow or loops forever on some inputs.")
     elif status == Status.OUT_OF_MEMORY.value:
         lines.append("The code ran out of memory.")
+    names = {"candidate", info.get("entry_point", "")}
     for t in tests[:_MAX_FEEDBACK_TESTS]:
         if t["passed"]:
-            lines.append("  " + _cap_line(f"PASS: {t['source']}"))
+            lines.append("  " + _cap_line(f"PASS: {shown_inputs(t['source'], names)}"))
         else:
-            lines.append("  " + _cap_line(f"FAIL: {t['source']} -> {t['error']}"))
+            lines.append("  " + _cap_line(f"FAIL: {shown_inputs(t['source'], names)} -> {shown_error(t['error'])}"))
     if len(tests) > _MAX_FEEDBACK_TESTS:
         rest = tests[_MAX_FEEDBACK_TESTS:]
         lines.append(f"  ... {len(rest)} more tests, {sum(not t['passed'] for t in rest)} of them failed.")
@@ -468,8 +508,8 @@ def _syntax_lines(agent: str, info: dict[str, Any]) -> list[str]:
 def feedback(agent: str, own_code: str, reward: JointReward, mode: str = "detailed") -> str:
     """The turn-2 diagnostics for `agent` ("aux" or "main") after the joint `reward`.
 
-    Modes: "detailed" (definitions, syntax error, every test's pass/fail with its error,
-    aux-usage warnings), "binary" (passed or not), "level" (reward levels reached),
+    Modes: "detailed" (definitions, syntax error, every test's pass/fail with the candidate's
+    inputs and its error, never the expected outputs; aux-usage warnings), "binary" (passed or not), "level" (reward levels reached),
     "plain" (just the code). Each starts with the agent's previous code and ends with
     "Revise your function.".
     """
