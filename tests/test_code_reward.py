@@ -6,12 +6,12 @@ import pytest
 
 from marl_llm.sandbox import SandboxLimits
 from marl_llm.tasks.base import JointReward
+from marl_llm.tasks.code_feedback import feedback
 from marl_llm.tasks.code_reward import (
     LEVEL_MAX,
     MAX_REWARD,
     combine,
     extract_code,
-    feedback,
     prompt_context,
     score_joint,
     score_many,
@@ -272,7 +272,7 @@ def test_feedback_detailed() -> None:
     ("assert candidate([1, 2] == 5", "a test that does not parse"),
 ])
 def test_feedback_shows_a_test_s_inputs_never_its_expected_output(source, shown) -> None:
-    from marl_llm.tasks.code_reward import shown_inputs
+    from marl_llm.tasks.code_feedback import shown_inputs
 
     assert shown_inputs(source, {"candidate", "sum_sq"}) == shown
 
@@ -286,7 +286,7 @@ def test_feedback_shows_a_test_s_inputs_never_its_expected_output(source, shown)
     ("timed out after 1s", "timed out after 1s"),
 ])
 def test_feedback_errors_drop_expected_values(error, shown) -> None:
-    from marl_llm.tasks.code_reward import shown_error
+    from marl_llm.tasks.code_feedback import shown_error
 
     assert shown_error(error) == shown
 
