@@ -224,9 +224,12 @@ OmegaConf.register_new_resolver("marl_llm_config_groups", public_config_groups, 
 TRL_LOSS_TYPES = {"grpo": "seq_mean_token_mean", "bnpo": "token_mean", "dapo": "token_mean", "dr_grpo": "seq_sum"}
 
 
-def check_run_does_something(cfg: DictConfig, trainable: bool) -> None:
-    """No training step and no evaluation: the run would only load the model, then fail to
-    summarise what it never did."""
+def check_run_does_something(cfg: DictConfig) -> None:
+    """No training step and no evaluation: a training run (`train`; marl-llm-eval evaluates by
+    itself) would only load the model, then fail to summarise what it never did."""
+    from marl_llm.algos.base import ALGORITHMS
+
+    trainable = ALGORITHMS[cfg.algo.name].trainable
     t = cfg.trainer
     trains = trainable and t.max_steps > 0
     if not trains and not (t.eval_before or t.eval_after):
@@ -270,7 +273,6 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"task={task} is not a registered task ({', '.join(sorted(TASKS))}): load the module that "
                         "registers it with plugins=[module] or an entry point (docs/extending.md)")
     check_shared(cfg)
-    check_run_does_something(cfg, ALGORITHMS[algo].trainable)
     check_allowed_changes(cfg)
     loss_type = cfg.algo.get("loss_type")
     if loss_type in TRL_LOSS_TYPES and loss_type not in POLICY_LOSSES:

@@ -8,9 +8,10 @@ checkpoint becomes `checkpoint.prev.pt` and the new one is renamed into place. A
 moment leaves at least one complete checkpoint. Each checkpoint's SHA-256 is kept beside it
 (`checkpoint.pt.sha256`, runs/digest.py), so a corrupt or partial `checkpoint.pt` (a bad copy,
 changed bytes of the same size, a full disk) is detected on resume, which then falls back to
-`checkpoint.prev.pt` and says so. A save that finds the disk full stops the run in one line. A resume compares its config with the checkpoint's (plain data, as the whole checkpoint):
-settings that change training are refused unless trainer.resume_allow_changes names them
-(FREE_ON_RESUME lists the ones that need no permission).
+`checkpoint.prev.pt` and says so. A save that finds the disk full raises ENOSPC (the trainer
+says so in one line). A resume compares its config with the checkpoint's (plain data, as the
+whole checkpoint): settings that change training are refused unless
+trainer.resume_allow_changes names them (FREE_ON_RESUME lists the ones that need no permission).
 """
 
 from __future__ import annotations

@@ -91,8 +91,6 @@ def _lock(run_dir: Path) -> tuple[int | None, str | None]:
         log.warning(f"warning: {run_dir} cannot be locked ({err.strerror}): nothing stops a second run from "
                     "writing into it while this one runs")
         return None, None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
     return fd, None
 
 
@@ -134,6 +132,9 @@ def claim(run_dir: Path, resume: bool, sweep_dir: Path | None = None) -> str | N
             if fd is not None:
                 os.close(fd)
             return refusal(run_dir, files, sweep_dir)
+    if fd is not None:  # who holds it, for the refusal of a second writer
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
     _CLAIMS[key] = (fd if fd is not None else -1, made_marker)
     remove_leftovers(run_dir)
     return None

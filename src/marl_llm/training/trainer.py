@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from marl_llm.algos.update import lr_schedulers
 from marl_llm.config import UserError
-from marl_llm.configure import validate
+from marl_llm.configure import check_run_does_something, validate
 from marl_llm.distributed import data_parallel as distributed
 from marl_llm.distributed import fsdp
 from marl_llm.rollout.base import PROGRESS
@@ -126,6 +126,7 @@ def train(cfg: DictConfig) -> float:
 
 def _train(cfg: DictConfig, progress: Progress) -> float:
     validate(cfg)
+    check_run_does_something(cfg)
     resume = resume_mode(cfg)
     quiet_libraries()
     torch.set_num_threads(torch_threads(cfg.trainer.threads))  # before any model loads
@@ -159,6 +160,7 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
         progress.step, progress.checkpoint = ckpt["step"], (ckpt["step"], ckpt["path"])
         if resume == "if_possible" and rundir.finished(run_dir, ckpt["step"], tc.max_steps):
             say(f"{run_dir} holds a finished run (step {ckpt['step']}, summary.json): nothing to do")
+            distributed.shutdown()
             return rundir.finished_value(run_dir)
     if w.is_main:
         if resume != "off" and ckpt is None:  # if_possible, and nothing to continue from
