@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -355,3 +356,108 @@ def test_an_unreachable_wandb_server_warns_within_seconds(tmp_path, monkeypatch,
     assert "logger.mode=offline" in err and err.strip().count("\n") == 0
     logger.log("train", {"reward": 1.0}, 1)  # training goes on with the local files
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
+
+
+# ---------------------------------------------------------------- 11. issue 32's list, one line each
+@pytest.mark.parametrize("args,expected", [
+    (["trainer.max_steps=0", "trainer.eval_before=false", "trainer.eval_after=false"],
+     "trainer.max_steps=0 with trainer.eval_before=false and trainer.eval_after=false does nothing: train "
+     "(trainer.max_steps >= 1) or evaluate (trainer.eval_after=true)"),
+    (["task.sandbox.max_procs=0"], "task.sandbox.max_procs: 0 allows no process: every program would fail"),
+    (["task.sandbox.max_output_bytes=0"], "task.sandbox.max_output_bytes: 0 keeps no output"),
+    (["task.sandbox.max_output_bytes=-5"], "use >= 1 (default 65536)"),
+    (["algo.sampling.temperature=0"], "algo.sampling.temperature: temperature=0 samples greedily, so the 4 "
+                                      "completions of a group (algo.num_generations=4) are identical"),
+    (["algo.num_generations=100000"], "more than 65,536 is refused: use a smaller algo.num_generations"),
+    (["hydra.run.dir="], "hydra.run.dir= is empty: name a directory (hydra.run.dir=<dir>), or leave hydra.run.dir out"),
+    (["algo=magrpo", "algo=at_grpo"], "algo is given twice (algo=magrpo, then algo=at_grpo): Hydra would silently "
+                                      "use the last; keep one (to run both, sweep them: marl-llm -m algo=magrpo,at_grpo)"),
+    (["+foo=bar"], "'+foo=bar' adds a key no part of marl-llm reads (foo)"),
+    (["trainer.resume_allow_changes=[algo.lr]"], "trainer.resume_allow_changes names algo.lr, which is no config key"),
+    (["algo=at_grpo", "algo.num_generations=8"], "Did you mean algo.num_branches? (AT-GRPO's K candidates per agent "
+                                                 "and turn, what MAGRPO and TRL call num_generations)"),
+    (["algo.loss_type=dapo"], "'dapo' is TRL's name for how the per-token loss is aggregated; here algo.loss_type is "
+                              "the per-token surrogate (reinforce, ppo_clip) and the aggregation is "
+                              "algo.loss_aggregation: use algo.loss_aggregation=token_mean"),
+    (["algo.beta=0.04"], "Did you mean algo.kl_coef? (TRL's KL coefficient)"),
+])
+def test_issue_32_bad_values_get_one_line_naming_the_fix(tmp_path, args, expected):
+    named = [] if any(a.startswith("hydra.run.dir=") for a in args) else [f"hydra.run.dir={tmp_path / 'run'}"]
+    line = one_error_line(run_cli(["logger=none", *args, *named], tmp_path))
+    assert expected in line
+    assert not (tmp_path / "run" / ".marl-llm-run").exists()
+
+
+def test_a_run_dir_name_too_long_or_with_unquoted_non_ascii_gets_one_line(tmp_path):
+    long = tmp_path / ("x" * 300)
+    line = one_error_line(run_cli(["logger=none", f"hydra.run.dir={long}"], tmp_path))
+    assert "cannot be created: its name xxxxxxxxxxxxxxxxxxxxxxxx... is 300 bytes, more than the 255 this file system " \
+           "allows; use a shorter name" in line
+    line = one_error_line(run_cli(["logger=none", f"hydra.run.dir={tmp_path}/runé"], tmp_path))
+    assert "has 'é' (LATIN SMALL LETTER E WITH ACUTE)" in line and "which Hydra reads only inside quotes" in line
+    assert f"quote the value for Hydra, \"hydra.run.dir='{tmp_path}/runé'\"" in line
+
+
+def test_max_new_tokens_beyond_the_models_context_gets_one_line(tmp_path, tiny_model_dir):
+    line = one_error_line(run_cli(["logger=none", "model=local", f"model.path={tiny_model_dir}", "model.device=cpu",
+                                   "algo.sampling.max_new_tokens=100000000", f"hydra.run.dir={tmp_path / 'run'}"],
+                                  tmp_path))
+    assert "algo.sampling.max_new_tokens=100000000 is more than" in line
+    assert "can attend to (1024 positions, prompt included): set it below 1024" in line
+    assert not (tmp_path / "run" / ".marl-llm-run").exists()  # refused after the claim: given back
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("make,expected", [
+    (lambda d: d, "is a directory: name the file in it (one of .jsonl, .jsonl.gz, .json, .parquet)"),
+    (lambda d: write_jsonl(d / "n.jsonl", [{"prompt": 12345}]), "row 0 has prompt=12345 (int), but the task reads "
+                                                                 "prompt as text: make it a string in the data"),
+    (lambda d: write_jsonl(d / "e.jsonl", [{"prompt": "a post"}, {"prompt": "  "}]), "row 1 has an empty prompt: fill it "
+                                                                                    "or drop the row"),
+    (lambda d: (d / "u.jsonl").write_bytes('{"prompt": "x"}\n'.encode("utf-16-le")) and d / "u.jsonl",
+     "holds NUL bytes: it looks like UTF-16 without a byte order mark; save it as UTF-8"),
+])
+def test_bad_data_files_get_one_line(tmp_path, make, expected):
+    data = tmp_path / "data"
+    data.mkdir()
+    path = make(data)
+    line = one_error_line(run_cli(["logger=none", "task=tldr", "algo.num_turns=1", "task.data.source=files",
+                                   f"task.data.files={{train:{path},test:{path}}}", f"hydra.run.dir={tmp_path / 'run'}"],
+                                  tmp_path, {"HF_HUB_OFFLINE": "1"}))
+    assert expected in line
+
+
+def test_data_files_with_a_byte_order_mark_are_read(tmp_path):
+    """UTF-8 with a BOM (Windows editors) and UTF-16 with its BOM ("Unicode") read as their text."""
+    import codecs
+
+    from marl_llm.tasks.data import read_file
+
+    rows = [{"prompt": "caf\u00e9"}]
+    text = json.dumps(rows[0], ensure_ascii=False) + "\n"
+    (tmp_path / "a.jsonl").write_bytes(codecs.BOM_UTF8 + text.encode("utf-8"))
+    (tmp_path / "b.jsonl").write_bytes(text.encode("utf-16"))
+    (tmp_path / "c.json").write_bytes(json.dumps(rows).encode("utf-16"))
+    for name in ("a.jsonl", "b.jsonl", "c.json"):
+        assert read_file(tmp_path / name) == rows
+
+
+@pytest.mark.slow
+def test_a_team_reward_that_raises_is_one_line(tmp_path, tiny_model_dir):
+    (tmp_path / "my_team.py").write_text(
+        "def prompts(row):\n    return ['Say a.', 'Say b.']\n\n"
+        "def reward(row, texts):\n    return 1 / 0\n")
+    rows = write_jsonl(tmp_path / "rows.jsonl", [{"k": 1}, {"k": 2}])
+    line = one_error_line(run_cli(["logger=none", "task=team", "algo.num_turns=1", "task.agents=[a,b]", "task.prompts=my_team:prompts",
+                                   "task.reward=my_team:reward", f"task.data.files.train={rows}",
+                                   "trainer.eval_before=false", "trainer.eval_after=false", "model=local",
+                                   f"model.path={tiny_model_dir}", "model.device=cpu", "algo.num_generations=2",
+                                   "algo.sampling.max_new_tokens=4", "algo.lora.r=4", "trainer.max_steps=1",
+                                   f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
+                                  {"PYTHONPATH": str(tmp_path), "PYTHONWARNINGS": "ignore"}))
+    assert "task.reward=my_team:reward raised ZeroDivisionError: division by zero on " in line
+    assert "at my_team.py:5 in reward: fix the function" in line

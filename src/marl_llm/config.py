@@ -20,6 +20,7 @@ from typing import Any, Dict, Iterable, List, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from marl_llm.registry import SCHEMAS
+from marl_llm.tool_names import other_tools_name
 
 
 class UserError(ValueError):
@@ -225,8 +226,9 @@ class TrainerConfig:
     export_agents: bool = True
     export_with_checkpoints: bool = False
     # Continue the run in <run_dir> from its checkpoint: true (refused when there is none),
-    # if_possible (without a checkpoint, start over in the dir, moving its earlier logs aside; what
-    # a requeued SLURM job does by itself) or false (a fresh run: refused in a dir that holds one).
+    # if_possible (without a checkpoint, start over in the dir, moving its earlier logs aside; a
+    # finished run is left as it is; what a requeued SLURM job does by itself, and how a relaunched
+    # sweep continues) or false (a fresh run: refused in a dir that holds one).
     resume: Any = False
     # Settings a resume may change although they change training (its config is compared with the
     # checkpoint's): keys (algo.learning_rate), sections (algo) or [all]. Logging, evaluation,
@@ -343,7 +345,9 @@ def walk_key(key: str, schemas: dict[str, Any], preset: bool) -> tuple[str, Any,
         names = [f.name for f in dataclasses.fields(schema)]
         if part not in names:
             close = difflib.get_close_matches(part, names, n=1)
-            hint = f" Did you mean {path}.{close[0]}?" if close else ""
+            known = other_tools_name(part, lambda k: k.startswith("hydra.") or "." not in k
+                                     or walk_key(k, schemas, False)[0] in ("ok", "map"))
+            hint = known or (f" Did you mean {path}.{close[0]}?" if close else "")
             return "unknown", None, (f"unknown config key {path}.{part} ({schema.__name__}).{hint} "
                                      f"Valid keys of {path}: {', '.join(names)}")
         schema = typing.get_type_hints(schema).get(part)
@@ -399,6 +403,38 @@ def check_policy_updates(a: Any) -> None:
     check_value(0.0 <= a.discount <= 1.0, "algo.discount", "must be in [0, 1]")
     check_value(a.num_turns >= 1, "algo.num_turns", "must be >= 1")
     check_buffer(a)
+
+
+# More sequences than this per agent and step is refused: the rollout keeps every sequence (its
+# tokens, text and reward) until the update, so memory grows with it (and 100000 is a typo).
+MAX_SEQUENCES_PER_STEP = 65536
+
+
+def check_group(cfg: DictConfig, key: str, turns: int, tree: bool) -> None:
+    """A group-relative algorithm's group size (`key`: algo.num_generations, algo.num_branches),
+    G samples per node over `turns` turns (`tree`: every sample is expanded, G^t nodes at turn t;
+    else one continues, G per turn): a greedy sampler gives G identical completions (zero
+    advantages: nothing is ever learned), and the rollout's size must stay plannable."""
+    a = cfg.algo
+    size = OmegaConf.select(cfg, key)
+    turns = max(1, turns)
+    per_prompt = sum(size ** t for t in range(1, turns + 1)) if tree else size * turns
+    per_step = cfg.trainer.prompts_per_step * per_prompt
+    check_value(per_step <= MAX_SEQUENCES_PER_STEP, key,
+                f"{size} samples per node over {turns} turn(s) and trainer.prompts_per_step="
+                f"{cfg.trainer.prompts_per_step} make {per_step:,} sequences per agent per step, all held in memory "
+                f"until the update; more than {MAX_SEQUENCES_PER_STEP:,} is refused: use a smaller {key} (the papers "
+                "use 4 to 16)")
+    if size < 2 or cfg.trainer.max_steps == 0:  # nothing is trained: greedy evaluation is fine
+        return
+    for agent, over in [("", {}), *a.agent_sampling.items()]:
+        s = {**a.sampling, **over}
+        where = f"algo.agent_sampling.{agent}" if agent else "algo.sampling"
+        greedy = s.get("temperature", 1.0) == 0 or s.get("top_k", 0) == 1
+        what = "temperature=0" if s.get("temperature", 1.0) == 0 else "top_k=1"
+        check_value(not greedy, f"{where}.{what.split('=')[0]}",
+                    f"{what} samples greedily, so the {size} completions of a group ({key}={size}) are identical, "
+                    "their advantages 0, and the policy never learns: sample (e.g. temperature=0.7, top_k=0)")
 
 
 def check_agent_sampling(cfg: DictConfig, agents: tuple[str, ...] | None) -> None:
@@ -476,6 +512,12 @@ def check_shared(cfg: DictConfig) -> None:
         check_value(sb.get("isolation", "namespaces") in ("namespaces", "process"), "task.sandbox.isolation",
                     "must be namespaces (the default) or process (weaker: see docs/sandbox.md)")
         check_value(sb.get("tmp_mb", 64) >= 1, "task.sandbox.tmp_mb", "must be >= 1")
+        check_value(sb.get("max_procs", 32) >= 1, "task.sandbox.max_procs",
+                    f"{sb.get('max_procs')} allows no process: every program would fail (and every code reward be 0); "
+                    "use >= 1 (default 32)")
+        check_value(sb.get("max_output_bytes", 65536) >= 1, "task.sandbox.max_output_bytes",
+                    f"{sb.get('max_output_bytes')} keeps no output: every program's output (the tool agent's "
+                    "included) would be empty; use >= 1 (default 65536)")
     check_value(t.max_steps >= 0, "trainer.max_steps", "must be >= 0")
     check_value(t.peak_tflops is None or t.peak_tflops > 0, "trainer.peak_tflops",
                 "must be > 0 (dense TFLOP/s of one device) or null (from the GPU's name)")

@@ -219,6 +219,44 @@ OmegaConf.register_new_resolver("marl_llm_config_groups", public_config_groups, 
 
 
 # ----------------------------------------------------------------------------------- validation
+# TRL's GRPOConfig.loss_type values and the aggregation here that matches each (dr_grpo divides
+# the sum by a constant, the nearest is the plain sum).
+TRL_LOSS_TYPES = {"grpo": "seq_mean_token_mean", "bnpo": "token_mean", "dapo": "token_mean", "dr_grpo": "seq_sum"}
+
+
+def check_run_does_something(cfg: DictConfig) -> None:
+    """No training step and no evaluation: a training run (`train`; marl-llm-eval evaluates by
+    itself) would only load the model, then fail to summarise what it never did."""
+    from marl_llm.algos.base import ALGORITHMS
+
+    trainable = ALGORITHMS[cfg.algo.name].trainable
+    t = cfg.trainer
+    trains = trainable and t.max_steps > 0
+    if not trains and not (t.eval_before or t.eval_after):
+        what = f"trainer.max_steps={t.max_steps}" if trainable else f"algo={cfg.algo.name} (evaluation only)"
+        raise UserError(f"{what} with trainer.eval_before=false and trainer.eval_after=false does nothing: train "
+                        "(trainer.max_steps >= 1) or evaluate (trainer.eval_after=true)")
+
+
+def check_allowed_changes(cfg: DictConfig) -> None:
+    """trainer.resume_allow_changes names keys of the config (or `all`). A resume checks them
+    against the checkpoint's config too (a key only it has is fine), so here only a fresh run's."""
+    allowed = [str(a) for a in (cfg.trainer.get("resume_allow_changes") or [])]
+    if not allowed or str(cfg.trainer.resume).lower() in ("true", "1", "yes", "if_possible"):
+        return
+    keys = _leaves(OmegaConf.to_container(cfg, resolve=False))
+    unknown = [a for a in allowed if a != "all" and not any(k == a or k.startswith(a + ".") for k in keys)]
+    if unknown:
+        raise UserError(f"trainer.resume_allow_changes names {', '.join(unknown)}, which is no config key: name keys "
+                        "(algo.learning_rate) or sections (algo), or [all]")
+
+
+def _leaves(tree: Any, prefix: str = "") -> list[str]:
+    if not isinstance(tree, dict) or not tree:
+        return [prefix]
+    return [leaf for k, v in tree.items() for leaf in _leaves(v, f"{prefix}.{k}" if prefix else str(k))]
+
+
 def validate(cfg: DictConfig) -> None:
     """Check values that types cannot: raises UserError naming the key and the valid range."""
     from marl_llm.algos.base import ALGORITHMS
@@ -235,7 +273,15 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"task={task} is not a registered task ({', '.join(sorted(TASKS))}): load the module that "
                         "registers it with plugins=[module] or an entry point (docs/extending.md)")
     check_shared(cfg)
-    if cfg.algo.get("loss_type") is not None:
+    check_allowed_changes(cfg)
+    loss_type = cfg.algo.get("loss_type")
+    if loss_type in TRL_LOSS_TYPES and loss_type not in POLICY_LOSSES:
+        raise UserError(f"invalid config value algo.loss_type: {loss_type!r} is TRL's name for how the per-token loss "
+                        f"is aggregated; here algo.loss_type is the per-token surrogate ({', '.join(POLICY_LOSSES)}) "
+                        f"and the aggregation is algo.loss_aggregation: use algo.loss_aggregation="
+                        f"{TRL_LOSS_TYPES[loss_type]} (and algo.loss_type=ppo_clip with algo.clip_eps for TRL's "
+                        "clipped surrogate)")
+    if loss_type is not None:
         check_choice(cfg, "algo.loss_type", POLICY_LOSSES)
     if "loss_aggregation" in cfg.algo:
         check_choice(cfg, "algo.loss_aggregation", AGGREGATIONS)

@@ -45,7 +45,7 @@ import torch
 from marl_llm.algos.advantages import REST_LEVEL, REWARD_LEVELS, GroupIndex, level_matrix, normalize_then_sum
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.update import UpdateSettings, policy_update
-from marl_llm.config import PolicyConfig, check_choice, check_value
+from marl_llm.config import PolicyConfig, check_choice, check_group, check_value
 from marl_llm.distributed.data_parallel import all_sum
 from marl_llm.training.episodes import JointNode, JointTree, collect_tree
 from marl_llm.training.rollout_metrics import level_metrics
@@ -97,6 +97,7 @@ class ATGRPOConfig(PolicyConfig):
         check_choice(cfg, "algo.reward_levels", REWARD_LEVELS)
         check_value(a.num_branches >= 2, "algo.num_branches", "K must be >= 2: a group of one has no advantage")
         check_value(a.num_turns >= 1, "algo.num_turns", "must be >= 1")
+        check_group(cfg, "algo.num_branches", a.num_turns, tree=False)
         check_value(a.eps > 0, "algo.eps", "must be > 0")
         check_value(0.0 <= a.filter_low_mean_frac < 1.0, "algo.filter_low_mean_frac", "must be in [0, 1)")
         check_value(a.max_grad_norm > 0, "algo.max_grad_norm", "must be > 0")

@@ -27,7 +27,7 @@ from marl_llm.algos.buffer import BufferedSample, SampleBuffer, step_stats
 from marl_llm.algos.loss_tokens import MAGRPO_LOSS_TOKENS, with_loss_tokens
 from marl_llm.algos.losses import k3_kl
 from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
-from marl_llm.config import PolicyConfig, check_choice, check_policy_updates, check_value
+from marl_llm.config import PolicyConfig, check_choice, check_group, check_policy_updates, check_value
 from marl_llm.training.episodes import JointTree
 from marl_llm.rollout.base import Completion
 from marl_llm.rollout.decode import completion_logprobs
@@ -97,6 +97,7 @@ class MAGRPOConfig(PolicyConfig):
                     f"G={a.num_generations} < {need} leaves no group for baseline={a.baseline!r}: use G >= {need}"
                     + (" or algo.baseline=raw" if "raw" in BASELINES else ""))
         check_policy_updates(a)
+        check_group(cfg, "algo.num_generations", a.num_turns, tree=True)
         check_value(a.joint_mode == "align" or a.num_turns == 1, "algo.joint_mode",
                     "cross is single-turn (G^N joint actions per node): set algo.num_turns=1 or algo.joint_mode=align")
         check_value(a.max_grad_norm is None or a.max_grad_norm > 0, "algo.max_grad_norm", "must be > 0 or null")

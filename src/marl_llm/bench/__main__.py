@@ -224,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         from marl_llm.bench.sandbox import main as sandbox_main
 
         return sandbox_main(words[1:])
+    if words[:1] == ["reward-hacks"]:  # what the code rewards pay for solving nothing: bench/reward_hacks.py
+        from marl_llm.bench.reward_hacks import main as reward_hacks_main
+
+        return reward_hacks_main(words[1:])
     ap = argparse.ArgumentParser(prog="python -m marl_llm.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="embedded", help="embedded (SmolLM2-135M) or a local HF checkpoint dir")
     ap.add_argument("--out", default="results", help="where bench.md, bench.json and the figures go")

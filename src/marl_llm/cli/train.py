@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import unicodedata
 from datetime import datetime
@@ -23,7 +24,7 @@ from marl_llm.configure import (config_dir, default_dir_pattern, default_run_dir
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
 def _hydra_main(cfg: DictConfig) -> float:
-    from marl_llm.runs.rundir import Interrupted
+    from marl_llm.runs.rundir import NOT_STARTED, Interrupted
 
     try:
         validate(cfg)  # before any model loads: bad values fail in seconds
@@ -34,25 +35,60 @@ def _hydra_main(cfg: DictConfig) -> float:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except Interrupted as stop:  # Ctrl-C: one line (where it stopped, how to go on), the shell's 128 + SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run is over: another Ctrl-C must not cut this line
         if stop.main:
             print(stop, file=sys.stderr, flush=True)
         sys.exit(130)
     except KeyboardInterrupt:  # before the run claimed its dir: nothing there to continue
-        print("interrupted before the run started: run the same command to start it", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(NOT_STARTED, file=sys.stderr, flush=True)
         sys.exit(130)
 
 
 def unknown_key_error(args: list[str]) -> str | None:
     """Hydra rejects a misspelled key without naming the valid ones; say them (and the likely
     intended key) before Hydra runs. Keys of groups chosen by an experiment preset are left to
-    Hydra, whose own error still stops the run."""
+    Hydra, whose own error still stops the run. `+key=value` (Hydra's "add a key") is refused
+    for a key no part of marl-llm reads: Hydra would add it silently."""
     schemas, preset = option_schemas(args)
     for a in args:
-        if a.startswith(("-", "+", "~", "hydra.")) or "=" not in a:
+        if a.startswith(("-", "~", "hydra.", "+hydra.", "++hydra.")) or "=" not in a:
             continue
-        kind, _, err = walk_key(a.split("=", 1)[0], schemas, preset)
+        key = a.split("=", 1)[0].lstrip("+")
+        kind, _, err = walk_key(key, schemas, preset)
         if kind == "unknown":
             return err
+        if a.startswith("+") and kind == "skip" and key.split(".")[0] not in schemas and "." not in key \
+                and not (Path(config_dir()) / key).is_dir() and key != "plugins":
+            return (f"{a!r} adds a key no part of marl-llm reads ({key}): drop it, or set an existing key without the "
+                    f"'+' (top-level keys: {', '.join(TOP_LEVEL_KEYS)}; groups: marl-llm --help)")
+        if a.startswith("+") and kind == "skip" and key.split(".")[0] not in schemas and "." in key:
+            return (f"{a!r} adds a key under {key.split('.')[0]}, which is no section of the config: drop it "
+                    f"(top-level keys: {', '.join(TOP_LEVEL_KEYS)})")
+    return None
+
+
+TOP_LEVEL_KEYS = ("algo", "task", "model", "logger", "trainer", "cluster", "seed", "run_dir", "plugins")
+
+
+def repeated_key_error(args: list[str]) -> str | None:
+    """A config group chosen twice, `algo=magrpo algo=at_grpo`: Hydra silently keeps the last, and
+    the run trains another algorithm, task or model than one of the two says. Name both; a sweep
+    over options is one argument, `-m algo=magrpo,at_grpo`. (A plain key given twice is Hydra's
+    usual "the later value overrides", which scripts rely on.)"""
+    seen: dict[str, str] = {}
+    groups = Path(config_dir())
+    for a in args:
+        if a.startswith("-") or "=" not in a:
+            continue
+        key = a.split("=", 1)[0].lstrip("+~")
+        if not (groups / key).is_dir():
+            continue
+        if key in seen and seen[key] != a:
+            sweep = "" if key.startswith("hydra") else \
+                f" (to run both, sweep them: marl-llm -m {key}={seen[key].split('=', 1)[1]},{a.split('=', 1)[1]})"
+            return f"{key} is given twice ({seen[key]}, then {a}): Hydra would silently use the last; keep one{sweep}"
+        seen[key] = a
     return None
 
 
@@ -67,6 +103,9 @@ def named_dir_check(args: list[str]) -> None:
                  if a.startswith("trainer.resume="))
     from marl_llm.runs import rundir
 
+    busy = rundir.in_use(Path(named))  # a live run writes there: a second writer would mix into its logs
+    if busy:
+        raise UserError(busy)
     if resume or rundir.requeued():
         return
     files = rundir.held(Path(named))
@@ -120,16 +159,18 @@ def lookalike_error(args: list[str]) -> str | None:
     parses. Inside a quoted value (logger.group='実験１') such characters are text, left as they are."""
     for a in args:
         where = next((i for i, ch in enumerate(a) if ch in LOOKALIKES), None)
-        if where is None or a.startswith("-"):
+        if a.startswith("-") or (where is None and (a.isascii() or "=" not in a)):
             continue
-        if "=" in a:
-            from hydra.core.override_parser.overrides_parser import OverridesParser
-
-            try:
-                OverridesParser.create().parse_override(a)
-                continue  # Hydra reads it: the character is inside a quoted value
-            except Exception:  # noqa: BLE001  (any parse error: name the character below)
-                pass
+        if "=" in a and _hydra_reads(a):
+            continue  # the character is inside a quoted value, or Hydra reads it where it is
+        if where is None:  # another non-ASCII character (runé, 実験): Hydra reads them inside quotes only
+            key, _, value = a.partition("=")
+            quoted = f"{key}='{value}'"
+            if not _hydra_reads(quoted):
+                continue  # quoting would not help: Hydra's own error says what is wrong
+            at = next(i for i, c in enumerate(a) if ord(c) > 127)
+            return (f"argument {a!r} has {a[at]!r} ({unicodedata.name(a[at], 'U+%04X' % ord(a[at]))}) at position "
+                    f"{at + 1}, which Hydra reads only inside quotes: quote the value for Hydra, \"{quoted}\"")
         ch, ascii_ch = a[where], LOOKALIKES[a[where]]
         fixed = "".join(LOOKALIKES.get(c, c) for c in a)
         if where == 0 and ascii_ch == "-":  # autocorrect makes one dash of a flag's two: --cfg -> \u2014cfg
@@ -139,9 +180,20 @@ def lookalike_error(args: list[str]) -> str | None:
     return None
 
 
+def _hydra_reads(override: str) -> bool:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        OverridesParser.create().parse_override(override)
+        return True
+    except Exception:  # noqa: BLE001  (any parse error)
+        return False
+
+
 def _uncreatable(path: Path) -> str | None:
-    """Why Hydra could not make `path` and write into it (its nearest existing ancestor is a file
-    or not writable), or None."""
+    """Why Hydra could not make `path` and write into it (its nearest existing ancestor is a file,
+    not writable or a kernel file system such as /proc; a name too long for the file system), or
+    None."""
     path = path.absolute()  # Hydra makes it relative to the working directory (hydra.job.chdir=false)
     for p in (path, *path.parents):
         if os.path.lexists(p) and not os.path.exists(p):
@@ -151,8 +203,51 @@ def _uncreatable(path: Path) -> str | None:
                 return f"{p} is a file, not a directory"
             if not os.access(p, os.W_OK | os.X_OK):
                 return f"{p} is not writable"
-            return None
+            return None if p == path else _probe(p)
     return None
+
+
+def _too_long(path: Path) -> str | None:
+    """A name in `path` longer than its file system allows, or a path too long (measured on the
+    nearest existing dir's file system)."""
+    existing = next((p for p in path.parents if os.path.isdir(p)), Path("/"))  # isdir: False for too long
+    try:
+        name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for part in path.parts:
+        if len(os.fsencode(part)) > name_max:
+            return (f"its name {part[:24]}... is {len(os.fsencode(part))} bytes, more than the {name_max} this file "
+                    "system allows")
+    if len(os.fsencode(str(path))) >= path_max:
+        return f"the path is {len(os.fsencode(str(path)))} bytes, more than the {path_max} this file system allows"
+    return None
+
+
+def _probe(existing: Path) -> str | None:
+    """Make and remove a dir in `existing`: what the permission bits do not show (a read-only
+    mount, /proc or /sys, which accept no new dirs, not even from root)."""
+    probe = existing / f".marl-llm-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+    except FileExistsError:
+        return None
+    except OSError as err:
+        kind = next((fs for mount, fs in _mounts() if existing == mount or mount in existing.parents), None)
+        on = f", on a {kind} file system" if kind else ""
+        return f"{existing} accepts no new directories ({err.strerror}{on})"
+    probe.rmdir()
+    return None
+
+
+def _mounts() -> list[tuple[Path, str]]:
+    """(mount point, file system type), the longest mount point first."""
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return []
+    found = [(Path(f[1]), f[2]) for f in (line.split() for line in lines) if len(f) > 2]
+    return sorted(found, key=lambda m: len(str(m[0])), reverse=True)
 
 
 def run_dir_check(args: list[str]) -> None:
@@ -170,9 +265,16 @@ def run_dir_check(args: list[str]) -> None:
     value = value.strip()
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
         value = value[1:-1]  # Hydra's quoting
+    if named is not None and not value.strip():  # Hydra would write the run into the working directory
+        raise UserError(f"{key}= is empty: name a directory ({key}=<dir>), or leave {key} out for Hydra's default "
+                        f"({default_dir_pattern(key.split('.')[1])})")
     fixed = value.split("${", 1)[0]  # the part before any ${now:...} is made as written
     if "${" in value:
         fixed = fixed.rpartition("/")[0]
+    too_long = _too_long(Path(fixed or ".").absolute())
+    if too_long:
+        raise UserError(f"{key}={named if named is not None else value} cannot be created: {too_long}; use a shorter "
+                        f"name, {key}=<dir>")
     reason = _uncreatable(Path(fixed or "."))
     if reason is None:
         return
@@ -184,13 +286,27 @@ def run_dir_check(args: list[str]) -> None:
 
 
 def main() -> None:
+    import logging
+
+    logging.raiseExceptions = False  # a log file on a full disk: the run's own one-line error, not one traceback per line
+    try:
+        _main()
+    except KeyboardInterrupt:  # while starting (imports, composing the config): nothing was run
+        from marl_llm.runs.rundir import NOT_STARTED
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(NOT_STARTED, file=sys.stderr, flush=True)
+        sys.exit(130)
+
+
+def _main() -> None:
     err, searchpath = lookalike_error(sys.argv[1:]), []
     if err is None:
         try:  # the algorithms, tasks and plugins register their schemas before the overrides are read
             searchpath = register_configs(plugins_from_overrides(sys.argv[1:]))
         except UserError as e:
             err = str(e)
-    err = err or unknown_key_error(sys.argv[1:])
+    err = err or repeated_key_error(sys.argv[1:]) or unknown_key_error(sys.argv[1:])
     if err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -5,21 +5,25 @@ fp32 master weights as trained, under the same "adapters" key, marked by "weight
 optimizer states, the step, every RNG state, the resolved config, the W&B run id and how far the
 local logs had got. It is written to a temporary file in the same directory; then the previous
 checkpoint becomes `checkpoint.prev.pt` and the new one is renamed into place. A kill at any
-moment leaves at least one complete checkpoint, and a corrupt or partial `checkpoint.pt` (a bad
-copy, a full disk) is detected on resume, which then falls back to `checkpoint.prev.pt` and says
-so. A resume compares its config with the checkpoint's (plain data, as the whole checkpoint):
-settings that change training are refused unless trainer.resume_allow_changes names them
-(FREE_ON_RESUME lists the ones that need no permission).
+moment leaves at least one complete checkpoint. Each checkpoint's SHA-256 is kept beside it
+(`checkpoint.pt.sha256`, runs/digest.py), so a corrupt or partial `checkpoint.pt` (a bad copy,
+changed bytes of the same size, a full disk) is detected on resume, which then falls back to
+`checkpoint.prev.pt` and says so. A save that finds the disk full raises ENOSPC (the trainer
+says so in one line). A resume compares its config with the checkpoint's (plain data, as the
+whole checkpoint): settings that change training are refused unless
+trainer.resume_allow_changes names them (FREE_ON_RESUME lists the ones that need no permission).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import pickle
 import random
 import re
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from marl_llm.runs import digest
 from marl_llm.runs.atomic import atomic_write
 from marl_llm.config import UserError
 from marl_llm.models.policies import AgentPolicies
@@ -40,6 +45,9 @@ LOGS = ("metrics.jsonl", "samples.jsonl")
 # Fault injection for the kill-and-resume tests: "kill_in_checkpoint:<step>" SIGKILLs the run
 # halfway through writing that step's checkpoint.
 FAULT_ENV = "MARL_LLM_FAULT"
+# torch reports a write that failed for want of space as a RuntimeError without errno: with less
+# than this left on the run dir's file system, that is what it was.
+FULL_BELOW = 16 * 2**20
 
 
 def rng_state() -> dict[str, Any]:
@@ -82,16 +90,27 @@ def save_checkpoint(run_dir: Path, cfg: DictConfig, policies: AgentPolicies, ste
         "log_bytes": {name: (run_dir / name).stat().st_size if (run_dir / name).exists() else 0 for name in LOGS},
     }
 
+    sha256 = []
+
     def write(tmp: str) -> None:
-        torch.save(state, tmp)
+        try:
+            torch.save(state, tmp)
+        except RuntimeError as err:  # torch's zip writer on a full disk: "file write failed", "unexpected pos"
+            if shutil.disk_usage(run_dir).free < FULL_BELOW:  # the partial temp file is still there
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from err
+            raise
         if os.environ.get(FAULT_ENV) == f"kill_in_checkpoint:{step}":
             with open(tmp, "r+b") as f:  # half a file on disk, then the process is gone
                 f.truncate(os.path.getsize(tmp) // 2)
             os.kill(os.getpid(), signal.SIGKILL)
-        if path.exists():
-            os.replace(path, run_dir / PREVIOUS)  # the last good checkpoint stays until the next save
+        sha256.append(digest.file_digest(tmp))  # verified on resume (digest.verify)
 
-    atomic_write(path, write)
+    def rotate(tmp: str) -> None:  # with Ctrl-C held back, right before tmp becomes checkpoint.pt
+        if path.exists():
+            digest.move(path, run_dir / PREVIOUS)  # the last good checkpoint stays until the next save
+        digest.write_digest(path, sha256[0])
+
+    atomic_write(path, write, before_replace=rotate)  # a failure removes the temp file; the old ones stay
     return path
 
 
@@ -99,6 +118,12 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
     """(checkpoint, "") or (None, why it cannot be used)."""
     if not path.is_file():
         return None, "missing"
+    try:
+        changed = digest.verify(path)  # bytes changed since the save (same size included)
+    except OSError as err:
+        return None, f"unreadable ({err.strerror})"
+    if changed:
+        return None, changed
     try:
         # Tensors and plain data only: unpickling anything else could run code planted in the file.
         # Older checkpoints hold numpy's RNG state as an array: its reconstruction is allowed too.

@@ -1,27 +1,47 @@
 """A run dir belongs to one run: a fresh run claims it, and never starts in a dir that holds another.
 
+While a run lives it holds an exclusive `flock` on `<run_dir>/.marl-llm-lock` (the kernel drops it
+when the process dies, however it dies), so a second writer (two resumes at once, a resume while
+the run goes on) is refused in one line. A run refused before it started (a bad data file, model
+path or LoRA target) gives its claim back, so the corrected command runs in the same dir.
+
 Light on purpose (no torch): the CLI checks a dir named on its command line before Hydra writes its
 own files (.hydra/, the job log) into it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
+import logging
 import os
 import re
 import shlex
+import shutil
+import signal
+import socket
+import sys
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from marl_llm.config import UserError
 from marl_llm.runs.atomic import atomic_write_text
 
 RUN_MARKER = ".marl-llm-run"
+LOCK = ".marl-llm-lock"
 CHECKPOINT = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
 METRICS = "metrics.jsonl"
+# What an interrupted atomic write leaves: atomic.py's `.<name>.<8 random chars>.tmp` files and
+# export.py's `.agents.tmp-<random>` dirs.
+LEFTOVER = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$|^\.agents\.tmp-[a-z0-9_]{8}$")
+
+log = logging.getLogger("marl_llm")
 
 
 def requeued() -> bool:
@@ -34,27 +54,122 @@ def held(run_dir: Path) -> list[str]:
     return [name for name in (RUN_MARKER, CHECKPOINT, PREVIOUS, METRICS) if (run_dir / name).exists()]
 
 
-def refusal(run_dir: Path, files: list[str]) -> str:
-    return (f"{run_dir} already holds a run ({', '.join(files)}): continue it with trainer.resume=true, or start "
-            "this one in a new dir (leave hydra.run.dir unset, or name a new one)")
+def refusal(run_dir: Path, files: list[str], sweep_dir: Path | None = None) -> str:
+    """Why a fresh run may not start in run_dir, and the command that works: resume=true where
+    there is a checkpoint to continue, if_possible where there is none (true would refuse)."""
+    if sweep_dir is not None:  # a relaunched sweep: every job, not only this one, must go on
+        return (f"{run_dir} already holds a run ({', '.join(files)}): to continue the whole sweep, run the same "
+                f"command with hydra.sweep.dir={sweep_dir} trainer.resume=if_possible (each job continues "
+                "from its checkpoint, starts over without one, and a finished job is skipped), or give it a new "
+                "hydra.sweep.dir")
+    how = ("continue it with trainer.resume=true" if CHECKPOINT in files or PREVIOUS in files else
+           "it has no checkpoint: start it over there with trainer.resume=if_possible (its logs are kept aside)")
+    return f"{run_dir} already holds a run ({', '.join(files)}): {how}, or start this one in a new dir " \
+           "(leave hydra.run.dir unset, or name a new one)"
 
 
-def claim(run_dir: Path, resume: bool) -> str | None:
-    """Makes run_dir this run's own: a fresh run creates it with a marker file, exclusively, so
-    that it never writes over (or appends to) another run, whether finished, still running, or
-    started in the same instant. A resume takes over its dir. Returns why not (None: claimed)."""
+# The run dirs this process holds: {resolved dir: (lock fd, whether its claim made the marker)}.
+_CLAIMS: dict[str, tuple[int, bool]] = {}
+
+
+def _lock(run_dir: Path) -> tuple[int | None, str | None]:
+    """(fd holding the run dir's lock, None), or (None, why not). A file system without locks
+    (some network mounts) is run on unlocked, with a warning."""
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec'd children
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+        os.close(fd)
+        return None, (f"{run_dir} is in use: a marl-llm run ({holder}) is writing to it now; a second writer would "
+                      "mix its logs and checkpoints into that run's. Wait for that run to end (or stop it), then run "
+                      "this command again, or start this one in a new dir (leave hydra.run.dir unset)")
+    except OSError as err:
+        if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+        os.close(fd)
+        log.warning(f"warning: {run_dir} cannot be locked ({err.strerror}): nothing stops a second run from "
+                    "writing into it while this one runs")
+        return None, None
+    return fd, None
+
+
+def in_use(run_dir: Path) -> str | None:
+    """Why run_dir is taken by a live run right now (its lock is held), or None. Takes nothing."""
+    if not (run_dir / LOCK).exists():
+        return None
+    fd, why = _lock(run_dir)
+    if fd is not None:
+        os.close(fd)
+    return why
+
+
+def claim(run_dir: Path, resume: bool, sweep_dir: Path | None = None) -> str | None:
+    """Makes run_dir this run's own for as long as the process lives (`release` gives it back):
+    its lock, then, for a fresh run, a marker file made exclusively, so that it never writes over
+    (or appends to) another run, whether finished, still running, or started in the same instant.
+    A resume takes over its dir. Temp files that an interrupted save left behind are removed.
+    Returns why not (None: claimed). `sweep_dir`: the run is a job of that sweep (the advice)."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    key = str(run_dir.resolve())
+    if key in _CLAIMS:
+        return f"{run_dir} is in use by another run of this process"
+    fd, why = _lock(run_dir)
+    if why:
+        return why
+    made_marker = False
     if resume:
         (run_dir / RUN_MARKER).touch()
-        return None
-    files = held(run_dir)
-    if not files:
-        try:  # O_EXCL: of two runs starting here at once, one gets the dir
-            os.close(os.open(run_dir / RUN_MARKER, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-            return None
-        except FileExistsError:
-            files = [RUN_MARKER]
-    return refusal(run_dir, files)
+    else:
+        files = held(run_dir)
+        if not files:
+            try:  # O_EXCL: of two runs starting here at once, one gets the dir
+                os.close(os.open(run_dir / RUN_MARKER, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                made_marker = True
+            except FileExistsError:
+                files = [RUN_MARKER]
+        if files:
+            if fd is not None:
+                os.close(fd)
+            return refusal(run_dir, files, sweep_dir)
+    if fd is not None:  # who holds it, for the refusal of a second writer
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    _CLAIMS[key] = (fd if fd is not None else -1, made_marker)
+    remove_leftovers(run_dir)
+    return None
+
+
+def release(run_dir: Path, started: bool) -> None:
+    """Give run_dir back (its lock). A fresh run that never started (refused while it was being
+    built, or stopped before its first step) also takes back its marker and config.yaml, so the
+    same command, corrected, can start there."""
+    fd, made_marker = _CLAIMS.pop(str(run_dir.resolve()), (-1, False))
+    if made_marker and not started:
+        for name in (RUN_MARKER, "config.yaml"):
+            (run_dir / name).unlink(missing_ok=True)
+    if fd >= 0:
+        os.close(fd)  # the lock goes with it
+
+
+def remove_leftovers(run_dir: Path) -> None:
+    """Remove the temp files and dirs of writes that a kill interrupted (a checkpoint's can be
+    tens of MB), saying how much; the lock guarantees no live run is writing them."""
+    removed, size = [], 0
+    for p in run_dir.iterdir():
+        if not LEFTOVER.match(p.name):
+            continue
+        with contextlib.suppress(OSError):
+            if p.is_dir() and not p.is_symlink():
+                size += sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+                shutil.rmtree(p)
+            else:
+                size += p.lstat().st_size
+                p.unlink()
+            removed.append(p.name)
+    if removed:
+        log.info(f"removed {len(removed)} temp file(s) that an interrupted save left in {run_dir} "
+                 f"({size / 2**20:.1f} MiB): {', '.join(sorted(removed))}")
 
 
 RESUMES = "resumes.jsonl"
@@ -147,15 +262,106 @@ class Progress:
     max_steps: int = 0
     checkpoint: tuple[int, str] | None = None  # (step, file) of the last checkpoint written or resumed from
     main: bool = True
+    started: bool = False  # past building: the run logs, a Ctrl-C has something to continue
+    claimed: bool = False  # this process holds the run dir (rank 0): released when the run ends
+
+
+def sweep_dir() -> Path | None:
+    """The sweep dir when this run is a job of a Hydra sweep (-m), else None."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hydra_cfg = HydraConfig.get()
+        return Path(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
+    except Exception:  # noqa: BLE001  (no Hydra context: the Python API)
+        return None
+
+
+SUMMARY = "summary.json"
+
+
+def finished(run_dir: Path, step: int, max_steps: int) -> bool:
+    """The run in run_dir trained all its steps and wrote its summary (a relaunched sweep skips it)."""
+    return step >= max_steps and (run_dir / SUMMARY).is_file()
+
+
+def finished_value(run_dir: Path) -> float:
+    """What `train` returned for the finished run (its summary's last held-out result)."""
+    try:
+        summary = json.loads((run_dir / SUMMARY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 0.0
+    final = summary.get("after") or summary.get("before") or {}
+    return float(final.get("pass@1", final.get("reward", 0.0)))
+
+
+def disk_full_line(err: OSError, progress: Progress) -> str | None:
+    """A write that failed for want of space, as one line: where, that nothing was lost (every
+    write is atomic or an append that a resume cuts back), and the command that goes on; None for
+    any other error."""
+    if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    where = Path(err.filename) if err.filename else progress.run_dir
+    what = "quota exceeded" if err.errno == errno.EDQUOT else "disk full"
+    free = ""
+    with contextlib.suppress(OSError, TypeError):
+        free = f" ({shutil.disk_usage(where if where.exists() else where.parent).free / 2**20:.0f} MiB free there)"
+    if progress.run_dir is None or not progress.started:
+        return f"{what}: writing {where} failed{free}; nothing was trained yet: free space, then run the same command"
+    run_dir = progress.run_dir.resolve()
+    checkpoint = next((run_dir / n for n in (CHECKPOINT, PREVIOUS) if (run_dir / n).exists()), None)
+    if checkpoint is None:
+        return (f"{what}: writing {where} failed{free}; the run stopped at step {progress.step} before its first "
+                f"checkpoint; free space, then start it over with: {resume_command(run_dir, 'if_possible')}")
+    step = f" (step {progress.checkpoint[0]})" if progress.checkpoint and Path(progress.checkpoint[1]).resolve() == checkpoint \
+        else ""
+    return (f"{what}: writing {where} failed{free}; nothing was lost: {checkpoint}{step} is intact (a half-written "
+            f"file is removed, and a resume repeats the steps after that checkpoint); free space, then continue with: "
+            f"{resume_command(run_dir, 'true')}")
 
 
 def interrupted_line(progress: Progress) -> str:
     """Where a Ctrl-C'd run stopped and the command that goes on from there."""
+    if progress.run_dir is None or not progress.started:
+        return NOT_STARTED
     run_dir = progress.run_dir.resolve()
     reached = f"interrupted at step {progress.step}/{progress.max_steps}"
-    if progress.checkpoint is None:  # trainer.resume=true would refuse: nothing to continue from
+    checkpoint = progress.checkpoint
+    if checkpoint is not None and not Path(checkpoint[1]).exists():
+        # Stopped between the renames of a save: the file it names went on to checkpoint.prev.pt.
+        checkpoint = (checkpoint[0], str(run_dir / PREVIOUS)) if (run_dir / PREVIOUS).exists() else None
+    if checkpoint is None:  # trainer.resume=true would refuse: nothing to continue from
         return (f"{reached}, no checkpoint yet; start it over in its dir (its logs are kept aside) with: "
                 f"{resume_command(run_dir, 'if_possible')}")
-    step, path = progress.checkpoint
+    step, path = checkpoint
     return (f"{reached}, last checkpoint {path} (step {step}); continue with: "
             f"{resume_command(run_dir, 'true')}")
+
+
+NOT_STARTED = "interrupted before the run started: nothing was trained; run the same command to start it"
+
+
+@contextlib.contextmanager
+def interrupt_handling(progress: Progress) -> Iterator[None]:
+    """Ctrl-C while a run lives: the first raises KeyboardInterrupt (the run closes its loggers and
+    says where it stopped); a second one, during that cleanup, ends the process at once with the
+    same one line and the shell's 130 (128 + SIGINT). Outside the main thread: Python's own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed = []
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        pressed.append(signum)
+        if len(pressed) == 1:
+            raise KeyboardInterrupt
+        if progress.main:
+            print(interrupted_line(progress), file=sys.stderr, flush=True)
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

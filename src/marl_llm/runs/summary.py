@@ -31,6 +31,8 @@ def held_out_line(summary: dict[str, Any]) -> str:
 
 
 def first_train_reward(run_dir: Path) -> float | None:
+    if not (run_dir / "metrics.jsonl").is_file():  # nothing was logged (no step, no evaluation)
+        return None
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
         if "train/reward" in row:

@@ -6,9 +6,11 @@ Max 4.0, gated levels (a failed level stops the accumulation; later levels stay 
    +0.6 if main's code defines the entry point and it returns a value (required, else stop).
 2. syntax (max 0.5): prompt context + aux + main parse with `ast.parse` -> +0.5, else stop.
 3. tests (max 1.0): +1.0 * passed / total, the combined program run in `marl_llm.sandbox`.
-4. cooperation (max 1.5), only if at least one test passed and aux is defined: +0.5 if main
-   calls `aux`; +1.0 more if main is not a thin wrapper (its body just `return aux(...)`);
-   -0.5 if the result of an `aux(...)` call is discarded (a bare expression statement).
+4. cooperation (max 1.5), only if every test passed and aux is defined: +0.5 if main calls
+   `aux`; +1.0 more if main is not a thin wrapper (its body just `return aux(...)`); -0.5 if the
+   result of an `aux(...)` call is discarded (a bare expression statement). No level above the
+   tests pays for code that does not solve the problem: with a partial test level, a constant
+   answer that stores `aux(...)`'s result would otherwise outscore a correct solution.
 
 Only `ast.parse` runs here (parsing executes nothing); programs run in the sandbox.
 
@@ -31,15 +33,14 @@ from marl_llm.tasks.base import JointReward
 
 __all__ = [
     "AUX_NAME",
-    "FEEDBACK_MODES",
     "LEVEL_MAX",
     "MAX_REWARD",
     "combine",
     "extract_code",
-    "feedback",
     "prompt_context",
     "score_joint",
     "score_many",
+    "solved",
     "syntax_error_site",
     "full_test_code",
 ]
@@ -47,11 +48,6 @@ __all__ = [
 AUX_NAME = "aux"
 LEVEL_MAX = {"structure": 1.0, "syntax": 0.5, "tests": 1.0, "cooperation": 1.5}
 MAX_REWARD = sum(LEVEL_MAX.values())  # 4.0
-FEEDBACK_MODES = ("detailed", "binary", "level", "plain")
-REVISE = "Revise your function."
-
-_MAX_FEEDBACK_TESTS = 20
-_MAX_LINE_CHARS = 240
 
 
 # ----------------------------------------------------------------------------------------------
@@ -325,7 +321,7 @@ def _finish(stage: _Stage, outcome: TestOutcome) -> None:
     info["tests_total"] = outcome.tests_total
     if outcome.tests_total:
         levels["tests"] = outcome.tests_passed / outcome.tests_total
-    if outcome.tests_passed < 1 or not stage.aux_defined:
+    if not solved(outcome) or not stage.aux_defined:
         info["stopped_at"] = "tests"
         return
     coop = 0.0
@@ -336,6 +332,11 @@ def _finish(stage: _Stage, outcome: TestOutcome) -> None:
     if stage.coop["discarded_aux"]:
         coop -= 0.5
     levels["cooperation"] = coop
+
+
+def solved(outcome: TestOutcome) -> bool:
+    """Every test ran and passed: what opens the cooperation level."""
+    return outcome.tests_total > 0 and outcome.tests_passed == outcome.tests_total
 
 
 def _reward(stage: _Stage) -> JointReward:
@@ -377,120 +378,3 @@ def score_joint(
     calls_aux, thin_wrapper, discarded_aux, stopped_at (the level that failed, or None).
     """
     return score_many([(problem_prompt, test_code, entry_point, aux_text, main_text)], limits, workers=1)[0]
-
-
-# ----------------------------------------------------------------------------------------------
-# Turn-2 feedback
-# ----------------------------------------------------------------------------------------------
-
-
-def _cap_line(s: str, n: int = _MAX_LINE_CHARS) -> str:
-    s = " ".join(s.split())  # one line
-    return s if len(s) <= n else s[: n - 3] + "..."
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.2f}".rstrip("0").rstrip(".") if x != int(x) else f"{x:.1f}"
-
-
-def _definition_lines(agent: str, info: dict[str, Any]) -> list[str]:
-    entry = info.get("entry_point", "the entry point")
-    aux_state = (
-        "defined, returns a value" if info.get("aux_returns")
-        else "defined, but never returns a value" if info.get("aux_defined")
-        else "not found"
-    )  # fmt: skip
-    main_state = (
-        "defined, returns a value" if info.get("main_returns")
-        else "defined, but never returns a value" if info.get("main_defined")
-        else "not found"
-    )  # fmt: skip
-    lines = [f"Definitions found: `{AUX_NAME}` ({aux_state}); `{entry}` ({main_state})."]
-    if agent == "aux" and not info.get("aux_defined"):
-        lines.append(f"Your code must define a function named `{AUX_NAME}`.")
-    if agent == "main" and not (info.get("main_defined") and info.get("main_returns")):
-        lines.append(f"Your code must define `{entry}` with the given signature and return its result.")
-    if agent == "main" and info.get("main_redefined_aux"):
-        lines.append(f"You defined `{AUX_NAME}` yourself; it was removed. Do not redefine `{AUX_NAME}`, call it.")
-    return lines
-
-
-def _test_lines(info: dict[str, Any]) -> list[str]:
-    status = info.get("status", "not_run")
-    if status == "not_run":
-        return ["Tests: not run (an earlier level failed)."]
-    tests = info.get("tests", [])
-    lines = [f"Tests: {info.get('tests_passed', 0)}/{info.get('tests_total', 0)} passed (status: {status})."]
-    if status == Status.TIMEOUT.value:
-        lines.append("The code is too slow or loops forever on some inputs.")
-    elif status == Status.OUT_OF_MEMORY.value:
-        lines.append("The code ran out of memory.")
-    for t in tests[:_MAX_FEEDBACK_TESTS]:
-        if t["passed"]:
-            lines.append("  " + _cap_line(f"PASS: {t['source']}"))
-        else:
-            lines.append("  " + _cap_line(f"FAIL: {t['source']} -> {t['error']}"))
-    if len(tests) > _MAX_FEEDBACK_TESTS:
-        rest = tests[_MAX_FEEDBACK_TESTS:]
-        lines.append(f"  ... {len(rest)} more tests, {sum(not t['passed'] for t in rest)} of them failed.")
-    return lines
-
-
-def _cooperation_lines(agent: str, info: dict[str, Any]) -> list[str]:
-    if info.get("status", "not_run") == "not_run":
-        return []
-    lines = []
-    if not info.get("calls_aux"):
-        lines.append(
-            f"The main function does not call `{AUX_NAME}(...)`."
-            if agent == "aux"
-            else f"Your function does not call `{AUX_NAME}(...)`; use the helper."
-        )
-    if info.get("thin_wrapper"):
-        lines.append(
-            f"The main function only returns `{AUX_NAME}(...)` (a thin wrapper); the work should be shared."
-            if agent == "aux"
-            else f"Your function is a thin wrapper: it only returns `{AUX_NAME}(...)`. Add your own logic around the helper."
-        )
-    if info.get("discarded_aux"):
-        lines.append(f"The result of a `{AUX_NAME}(...)` call is discarded; use the value it returns.")
-    return lines
-
-
-def _syntax_lines(agent: str, info: dict[str, Any]) -> list[str]:
-    err = info.get("syntax_error")
-    if not err:
-        return []
-    where = "your code" if err["agent"] == agent else f"the {err['agent']} code"
-    return [_cap_line(f"Syntax error in {where} at line {err['line']}: {err['msg']}")]
-
-
-def feedback(agent: str, own_code: str, reward: JointReward, mode: str = "detailed") -> str:
-    """The turn-2 diagnostics for `agent` ("aux" or "main") after the joint `reward`.
-
-    Modes: "detailed" (definitions, syntax error, every test's pass/fail with its error,
-    aux-usage warnings), "binary" (passed or not), "level" (reward levels reached),
-    "plain" (just the code). Each starts with the agent's previous code and ends with
-    "Revise your function.".
-    """
-    if agent not in ("aux", "main"):
-        raise ValueError(f"feedback agent must be 'aux' or 'main', got {agent!r}")
-    if mode not in FEEDBACK_MODES:
-        raise ValueError(f"task.feedback={mode!r}: expected one of {FEEDBACK_MODES}")
-    info = reward.info
-    parts = [f"Your previous code:\n```python\n{own_code.strip()}\n```"]
-    if mode == "binary":
-        ok = bool(reward.passed)
-        parts.append("Result: the combined program passed all tests." if ok else "Result: the combined program did not pass all tests.")
-    elif mode == "level":
-        reached = ", ".join(f"{k} {_fmt(reward.levels.get(k, 0.0))}/{_fmt(m)}" for k, m in LEVEL_MAX.items())
-        line = f"Reward levels: {reached} (total {_fmt(reward.total)}/{_fmt(MAX_REWARD)})."
-        stopped = info.get("stopped_at")
-        if stopped in ("structure", "syntax"):
-            line += f" Stopped at the {stopped} level."
-        parts.append(line)
-    elif mode == "detailed":
-        lines = _definition_lines(agent, info) + _syntax_lines(agent, info) + _test_lines(info) + _cooperation_lines(agent, info)
-        parts.append("\n".join(lines))
-    parts.append(REVISE)
-    return "\n\n".join(parts)

@@ -18,6 +18,7 @@ task; with `source: auto` a fallback to the packaged sample says why (never sile
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import logging
@@ -105,7 +106,14 @@ def select(rows: list[dict[str, Any]], split: Split, origin: str, key: str) -> l
     return rows[start:end]
 
 
+# Required fields that may be numbers; every other required field is text the task reads.
+ID_FIELDS = ("task_id", "id")
+
+
 def check_fields(rows: list[dict[str, Any]], required: tuple[str, ...], origin: str) -> None:
+    """Every row is an object with the task's required fields, each non-empty text (an id may be a
+    number): a number or list there is named as such (not as a missing field), an empty prompt is
+    refused instead of trained on."""
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise UserError(f"{origin}: row {i} is not an object with fields {list(required)}")
@@ -113,6 +121,21 @@ def check_fields(rows: list[dict[str, Any]], required: tuple[str, ...], origin: 
         if missing:
             raise UserError(f"{origin}: row {i} lacks the required field(s) {missing} "
                             f"(has {sorted(row)[:12]}); the task needs {list(required)}")
+        for f in required:
+            value = row[f]
+            if f in ID_FIELDS and isinstance(value, (int, str)) and not isinstance(value, bool):
+                continue
+            if not isinstance(value, str):
+                raise UserError(f"{origin}: row {i} has {f}={_short(value)} ({type(value).__name__}), but the task "
+                                f"reads {f} as text: make it a string in the data")
+            if not value.strip():
+                raise UserError(f"{origin}: row {i} has an empty {f}: fill it or drop the row (the task reads "
+                                f"its prompt from {f})")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # ------------------------------------------------------------------------------------- files
@@ -120,6 +143,9 @@ def read_file(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a local .jsonl(.gz), .json (a list of rows, or {"data"/"rows": [...]}, or JSON
     lines) or .parquet file."""
     path = Path(os.path.expanduser(str(path)))
+    if path.is_dir():
+        raise UserError(f"data file {str(path)!r} is a directory: name the file in it (one of "
+                        f"{', '.join(FILE_SUFFIXES)})")
     if not path.is_file():
         raise UserError(f"data file {str(path)!r} does not exist")
     name = path.name.lower()
@@ -131,7 +157,7 @@ def read_file(path: str | Path) -> list[dict[str, Any]]:
         if name.endswith((".jsonl", ".jsonl.gz")):
             return _read_json_lines(path)
         if name.endswith(".json"):
-            text = path.read_text(encoding="utf-8")
+            text = _decode(path, path.read_bytes())
             try:
                 data = json.loads(text)
             except json.JSONDecodeError:
@@ -146,21 +172,45 @@ def read_file(path: str | Path) -> list[dict[str, Any]]:
             return data
     except UserError:
         raise
+    except UnicodeDecodeError as err:
+        raise UserError(f"data file {str(path)!r} is not UTF-8 text (byte {err.object[err.start:err.start + 1]!r} at "
+                        f"offset {err.start}): save it as UTF-8 (e.g. iconv -f <its encoding> -t UTF-8)") from None
     except Exception as err:  # noqa: BLE001  (a corrupt file: say which and why)
         raise UserError(f"cannot read data file {str(path)!r}: {type(err).__name__}: {err}") from err
     raise UserError(f"data file {str(path)!r}: unsupported format; use one of {', '.join(FILE_SUFFIXES)}")
 
 
+# Byte order marks: text that starts with one is decoded in that encoding (Windows editors save
+# UTF-8 with a BOM, and "Unicode" as UTF-16).
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def _decode(path: Path, data: bytes) -> str:
+    """A data file's text: UTF-8, or the encoding its byte order mark names. UTF-16 without a mark
+    (NUL bytes in the text) is named as such."""
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            return data.decode(encoding)
+    if b"\x00" in data[:4096]:
+        raise UserError(f"data file {str(path)!r} holds NUL bytes: it looks like UTF-16 without a byte order mark; "
+                        "save it as UTF-8 (e.g. iconv -f UTF-16LE -t UTF-8)")
+    return data.decode("utf-8")
+
+
 def _read_json_lines(path: Path) -> list[dict[str, Any]]:
-    opener = gzip.open if path.name.endswith(".gz") else open
+    if path.name.endswith(".gz"):
+        with gzip.open(path) as f:
+            raw = f.read()
+    else:
+        raw = path.read_bytes()
     rows = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise UserError(f"{path}: line {i} is not valid JSON ({err.msg})") from err
+    for i, line in enumerate(_decode(path, raw).split("\n"), 1):  # not splitlines: JSON strings may hold U+2028
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise UserError(f"{path}: line {i} is not valid JSON ({err.msg})") from err
     return rows
 
 

@@ -26,7 +26,8 @@ from marl_llm.config import DataConfig, SandboxConfig, UserError, check_choice
 from marl_llm.sandbox import SandboxLimits, limits_from_config, require_isolation
 from marl_llm.tasks import code_prompts_paper, code_reward_paper
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn, register_task
-from marl_llm.tasks.code_reward import AUX_NAME, FEEDBACK_MODES, extract_code, feedback, score_many
+from marl_llm.tasks.code_feedback import FEEDBACK_MODES, feedback
+from marl_llm.tasks.code_reward import AUX_NAME, extract_code, score_many
 
 REWARD_VARIANTS = ("paper", "fixed")
 PROMPT_STYLES = ("paper", "own")

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import importlib
 import math
+import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, List
 
 from omegaconf import OmegaConf
@@ -103,7 +105,7 @@ class TeamTask(Task):
                         ".test=<file> for evaluation) or task.data.hub_id=<dataset id>")
 
     def initial_prompts(self, problem: Problem) -> list[str]:
-        out = self.prompt_fn(problem.data)
+        out = _call(self.prompt_fn, f"task.prompts={self.cfg.prompts}", problem, problem.data)
         if isinstance(out, dict):
             missing = [a for a in self.agent_names if a not in out]
             if missing:
@@ -113,13 +115,17 @@ class TeamTask(Task):
         if not isinstance(out, (list, tuple)) or len(out) != self.num_agents or not all(isinstance(p, str) for p in out):
             raise UserError(f"task.prompts={self.cfg.prompts} must return {self.num_agents} strings (one per agent: "
                             f"{list(self.agent_names)}) or a dict by agent, not {type(out).__name__}")
+        empty = [a for a, p in zip(self.agent_names, out) if not p.strip()]
+        if empty:
+            raise UserError(f"task.prompts={self.cfg.prompts} returned an empty prompt for {empty} on {problem.uid}: "
+                            "every agent needs a prompt (an empty one teaches nothing)")
         return list(out)
 
     def joint_rewards(self, problems: list[Problem], joint_actions: list[list[str]]) -> list[JointReward]:
         return [self._reward(p, actions) for p, actions in zip(problems, joint_actions, strict=True)]
 
     def _reward(self, problem: Problem, actions: list[str]) -> JointReward:
-        out = self.reward_fn(problem.data, list(actions))
+        out = _call(self.reward_fn, f"task.reward={self.cfg.reward}", problem, problem.data, list(actions))
         if isinstance(out, JointReward):
             return out
         if isinstance(out, dict):
@@ -133,3 +139,16 @@ class TeamTask(Task):
         if not math.isfinite(total):
             raise UserError(f"task.reward={self.cfg.reward} returned {total} for {problem.uid}: return a finite number")
         return JointReward(total=total, levels=levels)
+
+
+def _call(fn: Callable[..., Any], key: str, problem: Problem, *args: Any) -> Any:
+    """The user's function, whose exception becomes one line: what it raised, on which row, and
+    where in the user's code (the innermost frame), not a traceback through the trainer."""
+    try:
+        return fn(*args)
+    except Exception as err:  # noqa: BLE001  (any error of the user's code)
+        frames = traceback.extract_tb(err.__traceback__)
+        where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+        message = " ".join(str(err).split())[:200]
+        raise UserError(f"{key} raised {type(err).__name__}{': ' + message if message else ''} on {problem.uid}"
+                        f"{where}: fix the function (what it gets and returns: docs/configuration.md#taskteam)") from None

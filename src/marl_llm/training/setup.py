@@ -116,6 +116,7 @@ def build(cfg: DictConfig, task: Any = None) -> Setup:
         check_trainable_dtype(resolve_dtype(cfg.model.dtype, resolve_device(cfg.model.device)))
     sharded = tc.fsdp and distributed.world().size > 1
     policies = AgentPolicies(task.agent_names, cfg.model, cfg.algo, cfg.seed, load_on_cpu=sharded)
+    check_context(cfg, policies)
     if tc.rollout == "vllm":
         from marl_llm.rollout.vllm import VLLMRollout
 
@@ -138,6 +139,21 @@ def build(cfg: DictConfig, task: Any = None) -> Setup:
     schedulers = lr_schedulers(list(policies.optimizers.values()), cfg.algo, max_steps)
     meter.watch([*policies.models, *policies.references, *algo.extra_models()])  # every pass of every model
     return Setup(task, policies, rollout, algo, train_set, eval_set, max_steps, sharding, schedulers, meter)
+
+
+def check_context(cfg: DictConfig, policies: AgentPolicies) -> None:
+    """max_new_tokens beyond what a base can attend to (its max_position_embeddings) would have the
+    decode loop allocate for it (10**8 tokens: hundreds of GB) before any token is sampled."""
+    a = cfg.algo
+    for model in policies.models:
+        limit = getattr(model.config, "max_position_embeddings", None)
+        if not limit:
+            continue
+        for where, over in [("algo.sampling", {}), *((f"algo.agent_sampling.{k}", v) for k, v in a.agent_sampling.items())]:
+            wanted = {**a.sampling, **over}.get("max_new_tokens", 0)
+            if wanted > limit:
+                raise UserError(f"{where}.max_new_tokens={wanted} is more than {getattr(model.config, '_name_or_path', 'the model')} "
+                                f"can attend to ({limit} positions, prompt included): set it below {limit}")
 
 
 def join_world(cfg: DictConfig) -> distributed.World:

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from marl_llm.algos.update import lr_schedulers
 from marl_llm.config import UserError
-from marl_llm.configure import validate
+from marl_llm.configure import check_run_does_something, validate
 from marl_llm.distributed import data_parallel as distributed
 from marl_llm.distributed import fsdp
 from marl_llm.rollout.base import PROGRESS
@@ -107,20 +107,27 @@ def train(cfg: DictConfig) -> float:
     where the run stopped and how to continue it, after the loggers and process group are closed."""
     progress = Progress()
     threads = torch.get_num_threads()  # trainer.threads is the run's: an in-process caller gets its own back
-    try:
-        with console_logging():
-            return _train(cfg, progress)
-    except KeyboardInterrupt:
-        distributed.shutdown()  # as on an error before the loop (the loop's own cleanup has run)
-        if progress.run_dir is None:
-            raise  # before this run had a dir: nothing to continue
-        raise rundir.Interrupted(interrupted_line(progress), progress.main) from None
-    finally:
-        torch.set_num_threads(threads)
+    with rundir.interrupt_handling(progress):  # a second Ctrl-C, during the cleanup: out at once, one line
+        try:
+            with console_logging():
+                return _train(cfg, progress)
+        except KeyboardInterrupt:
+            distributed.shutdown()  # as on an error before the loop (the loop's own cleanup has run)
+            raise rundir.Interrupted(interrupted_line(progress), progress.main) from None
+        except OSError as err:
+            full = rundir.disk_full_line(err, progress)
+            if full is None:
+                raise
+            raise UserError(full) from None
+        finally:
+            torch.set_num_threads(threads)
+            if progress.claimed:  # its lock; and, had it not started, its marker (the fixed command runs there)
+                rundir.release(progress.run_dir, progress.started)
 
 
 def _train(cfg: DictConfig, progress: Progress) -> float:
     validate(cfg)
+    check_run_does_something(cfg)
     resume = resume_mode(cfg)
     quiet_libraries()
     torch.set_num_threads(torch_threads(cfg.trainer.threads))  # before any model loads
@@ -145,12 +152,17 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
                             "trainer.resume=if_possible (its logs are kept aside), or check hydra.run.dir")
         if ckpt is not None:
             changes = check_resume_config(ckpt, cfg)
-    refusal = distributed.broadcast_object(rundir.claim(run_dir, resume != "off") if w.is_main else None)
+    refusal = distributed.broadcast_object(rundir.claim(run_dir, resume != "off", rundir.sweep_dir()) if w.is_main
+                                           else None)
     if refusal:
         raise UserError(refusal)
-    progress.run_dir, progress.main, progress.max_steps = run_dir, w.is_main, tc.max_steps
+    progress.run_dir, progress.main, progress.max_steps, progress.claimed = run_dir, w.is_main, tc.max_steps, w.is_main
     if ckpt is not None:
         progress.step, progress.checkpoint = ckpt["step"], (ckpt["step"], ckpt["path"])
+        if resume == "if_possible" and rundir.finished(run_dir, ckpt["step"], tc.max_steps):
+            say(f"{run_dir} holds a finished run (step {ckpt['step']}, summary.json): nothing to do")
+            distributed.shutdown()
+            return rundir.finished_value(run_dir)
     if w.is_main:
         if resume != "off" and ckpt is None:  # if_possible, and nothing to continue from
             moved = rundir.set_aside(run_dir)
@@ -185,6 +197,7 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
         del ckpt  # its tensors are in the policies now
     distributed.broadcast_parameters(policies.trainable_parameters())
     logger = RunLogger(cfg, run_dir, wandb_id) if w.is_main else NullLogger()
+    progress.started = True  # it logs from here on: a failure or Ctrl-C leaves a run to continue
     summary: dict[str, Any] = {"before": None, "after": None, "eval_problems": len(eval_set),
                                "train_problems": len(train_set)}
     t_start = time.perf_counter()

@@ -1,0 +1,40 @@
+"""`marl-llm-bench reward-hacks`: its copier reads what a feedback text reveals, and under the
+project's own prompts the turn-2 feedback reveals no expected output (issue 32)."""
+
+from __future__ import annotations
+
+import json
+
+from marl_llm.bench.reward_hacks import copied_table, copier_main, main
+
+
+def test_the_copier_reads_every_form_of_revealed_answer():
+    text = "\n".join([
+        "  FAIL: assert candidate([1, 2]) == 5 -> expected 5, got None",
+        "  Failed case: assert add(2, 3) == 5 -> AssertionError: ",
+        "  FAIL: assert abs(candidate(1.33) - 0.33) < 1e-6 -> AssertionError",
+        "  FAIL: assert not candidate('x') -> AssertionError",
+        "  FAIL: assert 'ab' == candidate('ba')",
+        "  FAIL: candidate([3]) -> wrong result (got None)",  # inputs only: nothing to copy
+    ])
+    assert copied_table(text, "add") == {"([1, 2],)": 5, "(2, 3)": 5, "(1.33,)": 0.33, "('x',)": False,
+                                         "('ba',)": "ab"}
+    ns: dict = {}
+    exec(copier_main("add", {"(2, 3)": 5}), ns)
+    assert ns["add"](2, 3) == 5 and ns["add"](1, 1) is None
+
+
+def test_reward_hacks_bench_writes_its_figures(tmp_path):
+    assert main(["--problems", "2", "--datasets", "coophumaneval", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "reward_hacks.json").read_text())
+    copy = report["copy_feedback"]["coophumaneval"]
+    for variant in ("fixed", "paper"):
+        for mode in ("detailed", "binary", "level", "plain"):  # task.prompts=own: nothing to copy
+            assert copy[variant][mode]["problems_with_copied_answers"] == 0, (variant, mode)
+            assert copy[variant][mode]["turn2_passed"] == 0
+        assert copy[variant]["paper"]["problems_with_copied_answers"] == 2  # the reference's feedback shows them
+    hacks = report["hacks"]["coophumaneval"]
+    assert hacks["fixed"]["constant_with_aux"]["above_correct_without_aux"] == 0
+    assert hacks["paper"]["constant_with_aux"]["above_correct_without_aux"] > 0  # the reference's gate
+    assert all(hacks[v]["always_equal"]["passed"] == 0 for v in ("fixed", "paper"))
+    assert "| coophumaneval (2) | fixed |" in (tmp_path / "reward_hacks.md").read_text()
