@@ -21,8 +21,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from marl_llm.config import (SHARED_SCHEMAS, RootConfig, UserError, check_agent_sampling, check_choice, check_shared,
-                             chosen_schemas, walk_key)
+from marl_llm.config import SHARED_SCHEMAS, RootConfig, UserError, check_agent_sampling, check_choice, check_shared
+from marl_llm.config_keys import chosen_schemas, walk_key
 from marl_llm.plugins import load_plugins
 from marl_llm.registry import SCHEMAS
 
@@ -126,7 +126,7 @@ def plugin_overrides(args: list[str], searchpath: list[str]) -> list[str]:
 
 
 def option_schemas(args: list[str]) -> tuple[dict[str, Any], bool]:
-    """config.chosen_schemas, with the built-in options and the named plugins registered first."""
+    """config_keys.chosen_schemas, with the built-in options and the named plugins registered first."""
     load_plugins(plugins_from_overrides(args))
     return chosen_schemas(args)
 

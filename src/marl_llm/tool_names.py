@@ -1,5 +1,5 @@
 """Names that other tools use for marl-llm's settings (TRL's GRPOConfig and TrainingArguments,
-MAGRPO's), for the "did you mean" of an unknown config key (config.walk_key). Where a name means
+MAGRPO's), for the "did you mean" of an unknown config key (config_keys.walk_key). Where a name means
 something else here, the hint says what differs."""
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from marl_llm.config import TrainerConfig, UserError, walk_key
+from marl_llm.config import TrainerConfig, UserError
+from marl_llm.config_keys import walk_key
 from marl_llm.configure import (config_dir, default_dir_pattern, default_run_dir, map_overrides, option_schemas,
                                plugin_overrides, plugins_from_overrides, register_configs, validate)
 

@@ -252,7 +252,7 @@ def free_on_resume(key: str, old_config: dict[str, Any]) -> bool:
 def added_setting(key: str, cfg: DictConfig) -> bool:
     """A config field the checkpoint's marl-llm did not have yet (its behaviour then was the
     field's default); a key added to a map (algo.policy_map.<agent>) is not one."""
-    from marl_llm.config import chosen_schemas, walk_key
+    from marl_llm.config_keys import chosen_schemas, walk_key
 
     schemas, _ = chosen_schemas([f"algo={cfg.algo.get('name')}", f"task={cfg.task.get('name')}"])
     return walk_key(key, schemas, False)[0] == "ok"
