@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from marl_llm.sandbox import SandboxLimits, _make_plan
-from marl_llm.tasks import code_reward, code_reward_paper
+from marl_llm.tasks import code_feedback, code_reward, code_reward_paper
 from marl_llm.tasks.base import Problem, build_task
 from conftest import compose_config
 
@@ -106,7 +106,7 @@ def test_paper_levels_add_up_and_feedback_works() -> None:
     assert reward.total == 3.0 and reward.passed
     assert reward.levels == {"structure": 1.0, "syntax": 0.5, "tests": 1.0, "cooperation": 0.5}
     assert reward.info["thin_wrapper"] and reward.info["tests_passed"] == 4
-    text = code_reward.feedback("main", row["main"], reward)
+    text = code_feedback.feedback("main", row["main"], reward)
     assert "thin wrapper" in text and "4/4 passed" in text
 
 
