@@ -110,6 +110,21 @@ def test_export_round_trip_per_agent_and_shared(tiny_model_dir, tmp_path):
         assert want.keys() == got.keys() and all(torch.equal(want[k][n], got[k][n]) for k in want for n in want[k])
 
 
+def test_exported_files_follow_the_umask(tiny_model_dir, tmp_path):
+    """safetensors writes 0600 and mkdtemp makes 0700: the export gives every file and dir the
+    modes the umask asks for (here group-writable, as a shared project dir has it)."""
+    cfg = compose_config(tiny_overrides(tiny_model_dir, tmp_path))
+    old = os.umask(0o002)
+    try:
+        agents = export_agents(tmp_path, cfg, make_policies(tiny_model_dir), step=1)
+    finally:
+        os.umask(old)
+    modes = {str(p.relative_to(tmp_path)): p.stat().st_mode & 0o777 for p in [agents, *agents.rglob("*")]}
+    assert "agents/aux/adapter_model.safetensors" in modes
+    assert {m for p, m in modes.items() if (tmp_path / p).is_file()} == {0o664}
+    assert {m for p, m in modes.items() if (tmp_path / p).is_dir()} == {0o775}
+
+
 def test_full_fine_tune_exports_whole_models_and_replaces_an_earlier_export(tiny_model_dir, tmp_path):
     from transformers import AutoTokenizer
 

@@ -18,14 +18,15 @@ def atomic_write(path: Path, write: Callable[[str], object]) -> None:
     try:
         write(tmp)
         # mkstemp makes the file private (0600); give it the permissions a plain open() would.
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process's umask (reading it means setting it: set straight back)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

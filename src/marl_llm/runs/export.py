@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from marl_llm.config import UserError
+from marl_llm.runs.atomic import umask
 from marl_llm.models.policies import AgentPolicies, lora_weights
 
 AGENTS_DIR = "agents"
@@ -72,7 +73,6 @@ def export_agents(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int) -
         shutil.rmtree(leftover, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{AGENTS_DIR}.tmp-", dir=run_dir))
     try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the agents from other users
         dirs = policy_dirs(policies)
         state = None if policies.full else policies.adapter_state()
         for (k, adapter), name in dirs.items():
@@ -93,6 +93,7 @@ def export_agents(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int) -
             "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
+        follow_umask(tmp)
         old = None
         if target.exists():
             old = run_dir / f".{AGENTS_DIR}.old-{os.getpid()}-{time.time_ns()}"
@@ -156,10 +157,15 @@ Base model: `{base}` ({cfg.model.name}). Prompts: {prompts}, as the task builds 
     (agent_dir / "README.md").write_text(text, encoding="utf-8")
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def follow_umask(root: Path) -> None:
+    """Give `root` and everything in it the modes a plain open()/mkdir() would: mkdtemp makes the
+    dir 0700, and safetensors writes its files 0600 (a temp file renamed into place), which would
+    hide the agents from the colleagues the umask lets read them."""
+    mask = umask()
+    for where, _, files in os.walk(root):
+        os.chmod(where, 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(where, name), 0o666 & ~mask)
 
 
 # ------------------------------------------------------------------------------------ loading
