@@ -37,7 +37,7 @@ from marl_llm.runs.checkpoint import check_resume_config, read_checkpoint, resto
 from marl_llm.runs.export import export_agents
 from marl_llm.runs.loggers import NullLogger, RunLogger
 from marl_llm.runs.rundir import Progress, interrupted_line, resume_mode
-from marl_llm.runs.summary import first_train_reward, held_out_line, write_summary
+from marl_llm.runs.summary import first_train_reward, held_out_line, logged_eval, write_summary
 from marl_llm.tasks import Problem
 from marl_llm.training.console import Watch, console_logging, format_metrics, step_line
 from marl_llm.training.data_order import batch_for_step, ends_epoch
@@ -233,6 +233,8 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
         evaluated_before = tc.eval_before and start_step == 0
         if evaluated_before:
             summary["before"] = run_eval(0)
+        elif start_step > 0 and w.is_main:  # a resume: the first attempt's evaluation before training
+            summary["before"] = logged_eval(run_dir, 0)
         step_times: list[float] = []
         last_train: dict[str, float] = {}
         for step in range(start_step, max_steps):
