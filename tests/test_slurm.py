@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -163,6 +164,38 @@ def test_the_gres_preset_sets_gpus_and_ranks_with_one_key(tmp_path):
     assert "--gpus-per-node" not in script
     cfg = compose_hydra(conf_copy(tmp_path / "2"), ["hydra/launcher=slurm_gres"])
     assert (cfg.hydra.launcher.gres, cfg.hydra.launcher.tasks_per_node) == ("gpu:1", 1)
+
+
+def test_a_failing_sacct_is_said_once(tmp_path):
+    """Where sacct fails (accounting disabled), submitit warned at every poll, each warning three
+    times (its stdout and stderr handlers, Hydra's root logger), under sacct's own error: one line
+    now, with sacct's error, however many polls fail. The fake sbatch accepts the job, which never
+    runs; the sweep is stopped after sacct's third failing poll (about 4 s in)."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "sacct_calls"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'Submitted batch job 4242'\n")
+    (bin_dir / "sacct").write_text(f"#!/bin/sh\necho x >> {calls}\n"
+                                   "echo 'sacct: error: Slurm accounting storage is disabled' >&2\nexit 1\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen([CLI, "-m", "--config-dir", str(conf_copy(tmp_path)), "hydra/launcher=slurm", "seed=0",
+                             "logger=none", f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while (not calls.exists() or len(calls.read_text().split()) < 3) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(0.5)  # the third poll's warning, if any, is written
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+    out, err = proc.communicate()
+    assert len(calls.read_text().split()) >= 3, out + err
+    both = out + err
+    assert both.count("Slurm accounting storage is disabled") == 1, both
+    assert "sacct failed (sacct: error: Slurm accounting storage is disabled)" in err and "Bypassing" not in both
 
 
 def run_sweep(args: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:

@@ -202,6 +202,10 @@ def main() -> None:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    if any(a in ("-m", "--multirun") for a in sys.argv[1:]):
+        from marl_llm.cli.submitit_logs import quiet_submitit
+
+        quiet_submitit()  # a SLURM sweep's sacct failure: one line, once
     _hydra_main()
 
 
