@@ -11,7 +11,7 @@ Each registers itself when its module is imported (`@register_algorithm`, `@regi
 
 A plugin module may set `CONFIG_SEARCHPATH` (a Hydra search path entry or a list of them, e.g.
 "pkg://my_pkg.conf" or "file:///data/my_conf") where its YAML files live (conf/task/<name>.yaml,
-...); they are added to `hydra.searchpath`. `--config-dir <dir>` and `hydra.searchpath=[...]` work too.
+...); they are added to `hydra.searchpath` (a pkg:// folder without __init__.py as its file:// path). `--config-dir <dir>` and `hydra.searchpath=[...]` work too.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import importlib.util
+import os
 import sys
 import traceback
 from types import ModuleType
@@ -85,7 +87,30 @@ def load_plugins(names: list[str] | tuple[str, ...] = ()) -> list[str]:
     searchpath: list[str] = []
     for module in modules:
         declared = getattr(module, "CONFIG_SEARCHPATH", None)
-        for entry in [declared] if isinstance(declared, str) else list(declared or ()):
-            if entry not in searchpath:
-                searchpath.append(str(entry))
+        for declared_entry in [declared] if isinstance(declared, str) else list(declared or ()):
+            for entry in _readable_entries(str(declared_entry), module.__name__):
+                if entry not in searchpath:
+                    searchpath.append(entry)
     return searchpath
+
+
+def _readable_entries(entry: str, module: str) -> list[str]:
+    """A plugin's search path entry as Hydra reads it: `pkg://a.conf` whose folder has no
+    __init__.py (a namespace package, which Hydra's pkg:// reader cannot open; it warned on every
+    command) becomes `file://<that folder>`. An entry that names no folder is refused here, once,
+    naming the plugin, instead of Hydra's warning on every command."""
+    scheme, sep, where = entry.partition("://")
+    if sep and scheme == "pkg":
+        try:
+            spec = importlib.util.find_spec(where)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            raise UserError(f"plugin {module}: CONFIG_SEARCHPATH {entry!r} names no importable package folder: point it "
+                            f"at the folder that holds the YAML (pkg://<package>.<folder> or file://<dir>)")
+        if spec.origin is None or not spec.origin.endswith("__init__.py"):  # a namespace package
+            return [f"file://{folder}" for folder in spec.submodule_search_locations]
+    elif sep and scheme == "file" and not os.path.isdir(where):
+        raise UserError(f"plugin {module}: CONFIG_SEARCHPATH {entry!r} is not a folder: point it at the folder that "
+                        "holds the YAML (conf/task/<name>.yaml, ...)")
+    return [entry]

@@ -17,8 +17,8 @@ import hydra
 from omegaconf import DictConfig
 
 from marl_llm.config import TrainerConfig, UserError, walk_key
-from marl_llm.configure import (config_dir, default_dir_pattern, default_run_dir, map_overrides, option_schemas,
-                               plugin_overrides, plugins_from_overrides, register_configs, validate)
+from marl_llm.configure import (add_overrides, config_dir, default_dir_pattern, default_run_dir, map_overrides,
+                               option_schemas, plugin_overrides, plugins_from_overrides, register_configs, validate)
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
@@ -198,7 +198,7 @@ def main() -> None:
     try:
         run_dir_check(sys.argv[1:])
         named_dir_check(sys.argv[1:])  # every rank, before rank_overrides' first collective
-        sys.argv[1:] += rank_overrides(sys.argv[1:])
+        sys.argv[1:] = add_overrides(sys.argv[1:], rank_overrides(sys.argv[1:]))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
