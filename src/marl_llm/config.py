@@ -254,8 +254,9 @@ class TrainerConfig:
     # base on every rank during rollouts; false keeps only the shards (and all-gathers per pass).
     fsdp_unshard_rollout: bool = True
     # Torch's CPU threads: auto = the fewer of torch's default and the physical cores this process
-    # may use (its CPU affinity, e.g. SLURM's --cpus-per-task, and a cgroup CPU quota), or a number.
-    # On a box that other jobs keep busy, fewer threads can be many times faster (docs/logging.md).
+    # may use (its CPU affinity, e.g. SLURM's --cpus-per-task, and a cgroup CPU quota), less the cores
+    # other processes keep busy (training/threads.py; the load left out with trainer.deterministic),
+    # or a number. On a busy box, fewer threads can be many times faster (docs/logging.md).
     threads: Any = "auto"
     # Console progress: auto (bars on a terminal; elsewhere, e.g. a SLURM log, a status line every
     # progress_every_s seconds on stderr) | bars | lines | off.

@@ -45,7 +45,7 @@ from marl_llm.training.episodes import JointTree
 from marl_llm.training.evaluation import evaluate
 from marl_llm.training.perf import peak_rss_gib
 from marl_llm.training.setup import Setup, build, join_world, seed_everything, quiet_libraries
-from marl_llm.training.threads import torch_threads
+from marl_llm.training.threads import choose_threads
 
 log = logging.getLogger("marl_llm")  # the console and the job log (training/console.py)
 
@@ -122,7 +122,8 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
     validate(cfg)
     resume = resume_mode(cfg)
     quiet_libraries()
-    torch.set_num_threads(torch_threads(cfg.trainer.threads))  # before any model loads
+    threads = choose_threads(cfg.trainer.threads, cfg.trainer.deterministic)
+    torch.set_num_threads(threads.count)  # before any model loads
     w = join_world(cfg)
     # Every rank writes to (and resumes from) rank 0's run dir; only rank 0 writes anything.
     run_dir = Path(distributed.broadcast_object(str(cfg.run_dir)))
@@ -189,7 +190,8 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
     t_start = time.perf_counter()
     say(f"{cfg.algo.name} on {cfg.task.name}: agents {', '.join(task.agent_names)} on "
         f"{cfg.model.name} [{', '.join(m.get_base_model().name_or_path for m in policies.models)}] "
-        f"({policies.device}, {policies.dtype}, torch threads: {torch.get_num_threads()}); run dir {run_dir}"
+        f"({policies.device}, {policies.dtype}, torch threads: {torch.get_num_threads()}"
+        + (f" [{threads.why}]" if threads.why else "") + f"); run dir {run_dir}"
         + (f"; {w.size} data-parallel processes" if w.size > 1 else ""))
     if run.sharding:
         say(run.sharding)
