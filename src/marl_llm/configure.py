@@ -243,8 +243,7 @@ OmegaConf.register_new_resolver("marl_llm_config_groups", public_config_groups, 
 # ----------------------------------------------------------------------------------- validation
 def validate(cfg: DictConfig) -> None:
     """Check values that types cannot: raises UserError naming the key and the valid range."""
-    from marl_llm.algos.base import ALGORITHMS
-    from marl_llm.algos.losses import AGGREGATIONS, POLICY_LOSSES
+    from marl_llm.registry import AGGREGATIONS, ALGORITHMS, POLICY_LOSSES
     from marl_llm.tasks.base import TASKS
     from marl_llm.tasks.data import parse_split
 
@@ -265,7 +264,8 @@ def validate(cfg: DictConfig) -> None:
         for key in ("train_split", "eval_split", "packaged_train_split", "packaged_eval_split"):
             parse_split(cfg.task.data[key], f"task.data.{key}")
     task_agents = getattr(TASKS[task], "agents_for", lambda _: None)(cfg.task)
-    check_agent_sampling(cfg, ALGORITHMS[algo].agents_for(task_agents))
-    for schema in (SCHEMAS["algo"].get(algo), SCHEMAS["task"].get(task)):
+    algo_schema = SCHEMAS["algo"].get(algo)
+    check_agent_sampling(cfg, getattr(algo_schema, "agents_for", lambda agents: agents)(task_agents))
+    for schema in (algo_schema, SCHEMAS["task"].get(task)):
         if hasattr(schema, "check"):
             schema.check(cfg)

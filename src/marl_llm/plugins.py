@@ -3,7 +3,9 @@
 Each registers itself when its module is imported (`@register_algorithm`, `@register_task`,
 `@register_baseline`, `@register_loss`). Imported here, before a config is composed:
 
-1. the package's own modules (everything under marl_llm.algos and marl_llm.tasks);
+1. the package's own: every module of marl_llm.tasks, and marl_llm.algos.schemas, which declares
+   the algorithms (and baselines, losses, ...) by name with their schemas: their modules import torch
+   and load when first used (marl_llm.registry), so composing and checking a config stays light;
 2. the modules that installed packages declare in the `marl_llm.plugins` entry-point group, e.g.
    in the plugin's pyproject.toml: [project.entry-points."marl_llm.plugins"] my_task = "my_pkg.task";
 3. the modules named by the `plugins` config key (`marl-llm plugins=[my_task] task=my_task`),
@@ -28,7 +30,10 @@ from types import ModuleType
 from marl_llm.config import UserError
 
 ENTRY_POINT_GROUP = "marl_llm.plugins"
-BUILTIN_PACKAGES = ("marl_llm.algos", "marl_llm.tasks")
+# Every module of the tasks package (each light: no torch), and the algorithms' declarations (their
+# modules import torch, so they are declared by name with their schemas and load when first used).
+BUILTIN_PACKAGES = ("marl_llm.tasks",)
+BUILTIN_MODULES = ("marl_llm.algos.schemas",)
 
 
 @functools.cache
@@ -36,6 +41,8 @@ def _import_builtins() -> None:
     """Once per process (the CLI composes, checks overrides and validates: each loads the plugins)."""
     import pkgutil
 
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
     for package in BUILTIN_PACKAGES:
         pkg = importlib.import_module(package)
         for mod in pkgutil.iter_modules(pkg.__path__):

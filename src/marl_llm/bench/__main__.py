@@ -224,6 +224,14 @@ def main(argv: list[str] | None = None) -> int:
         from marl_llm.bench.sandbox import main as sandbox_main
 
         return sandbox_main(words[1:])
+    if words[:1] == ["cli"]:  # the console script's latency for --cfg job, --help, config errors: bench/cli_latency.py
+        from marl_llm.bench.cli_latency import main as cli_main
+
+        return cli_main(words[1:])
+    if words[:1] == ["threads"]:  # debug=tiny with 1 thread, every core and auto: bench/threads.py
+        from marl_llm.bench.threads import main as threads_main
+
+        return threads_main(words[1:])
     ap = argparse.ArgumentParser(prog="python -m marl_llm.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="embedded", help="embedded (SmolLM2-135M) or a local HF checkpoint dir")
     ap.add_argument("--out", default="results", help="where bench.md, bench.json and the figures go")

@@ -83,9 +83,9 @@ def rank_overrides(args: list[str]) -> list[str]:
     if any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") or a.startswith(("--cfg", "--info"))
            for a in args):
         return []
-    from marl_llm.distributed import data_parallel as distributed
+    from marl_llm.distributed.world import launched_world_size
 
-    if distributed.launched_world_size() <= 1:
+    if launched_world_size() <= 1:
         return []
     if any(a in ("-m", "--multirun") for a in args):
         raise UserError("a sweep (-m) runs its jobs through hydra/launcher, never inside torchrun/accelerate launch: "
@@ -94,6 +94,8 @@ def rank_overrides(args: list[str]) -> list[str]:
     timeout = next((float(a.split("=", 1)[1]) for a in args if a.startswith("trainer.distributed_timeout_min=")),
                    TrainerConfig.distributed_timeout_min)
     import torch
+
+    from marl_llm.distributed import data_parallel as distributed
 
     cpu = "model.device=cpu" in args or not torch.cuda.is_available()
     w = distributed.init(timeout, cpu=cpu)
