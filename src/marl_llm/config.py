@@ -211,6 +211,11 @@ class TrainerConfig:
     # with every checkpoint when export_with_checkpoints.
     export_agents: bool = True
     export_with_checkpoints: bool = False
+    # A history of the trained agents, as Hugging Face's checkpoint-N: every history_every steps
+    # (0: none) the agents as agents/ holds them, in <run_dir>/checkpoints/checkpoint-<step>/; the
+    # history_keep newest are kept (null: all). `marl-llm-eval <run_dir> --step N` evaluates one.
+    history_every: int = 0
+    history_keep: Optional[int] = None
     # Continue the run in <run_dir> from its checkpoint: true (refused when there is none),
     # if_possible (without a checkpoint, start over in the dir, moving its earlier logs aside; what
     # a requeued SLURM job does by itself) or false (a fresh run: refused in a dir that holds one).
@@ -467,6 +472,9 @@ def check_shared(cfg: DictConfig) -> None:
     check_value(t.completions_per_micro_batch >= 1, "trainer.completions_per_micro_batch", "must be >= 1")
     check_value(t.eval_every >= 0, "trainer.eval_every", "must be >= 0")
     check_value(t.save_every >= 0, "trainer.save_every", "must be >= 0")
+    check_value(t.get("history_every", 0) >= 0, "trainer.history_every", "must be >= 0 (0: no history)")
+    check_value(t.get("history_keep") is None or t.history_keep >= 1, "trainer.history_keep",
+                "must be >= 1 (the newest kept) or null (all)")
     check_value(t.eval_max_problems is None or t.eval_max_problems >= 1, "trainer.eval_max_problems",
                 "must be >= 1 or null")
     check_value(t.eval_num_samples >= 0, "trainer.eval_num_samples", "must be >= 0")

@@ -34,7 +34,7 @@ from marl_llm.rollout.base import PROGRESS
 from marl_llm.runs import rundir
 from marl_llm.runs.atomic import atomic_write_text
 from marl_llm.runs.checkpoint import check_resume_config, read_checkpoint, restore_checkpoint, save_checkpoint
-from marl_llm.runs.export import export_agents
+from marl_llm.runs.export import export_agents, export_history
 from marl_llm.runs.loggers import NullLogger, RunLogger
 from marl_llm.runs.rundir import Progress, interrupted_line, resume_mode
 from marl_llm.runs.summary import first_train_reward, held_out_line, logged_eval, write_summary
@@ -229,6 +229,15 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
                     say(f"warning: the agents of step {step} were not exported ({err}); the checkpoint holds them")
         distributed.barrier()
 
+    def keep_agents(step: int) -> None:
+        """trainer.history_every: rank 0 adds the agents of `step` to <run_dir>/checkpoints/."""
+        if w.is_main:
+            try:
+                say(f"agents of step {step} kept as {export_history(run_dir, cfg, policies, step, tc.history_keep)}")
+            except OSError as err:
+                say(f"warning: the agents of step {step} were not kept ({err})")
+        distributed.barrier()
+
     exit_code = 1
     watch.start(max_steps, start_step)
     try:
@@ -254,6 +263,8 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
                 run_eval(step + 1)
             if tc.save_every and (step + 1) % tc.save_every == 0:
                 checkpoint(step + 1)
+            if tc.history_every and (step + 1) % tc.history_every == 0:
+                keep_agents(step + 1)
 
         final_step = max(max_steps, start_step)
         if final_step > 0:  # nothing trained, nothing to save
