@@ -43,6 +43,9 @@ def init(timeout_min: float, cpu: bool | None = None) -> World:
     `timeout_min` bounds how long ranks wait for rank 0's evaluations and checkpoints."""
     if world().size > 1 or launched_world_size() <= 1:
         return world()
+    from marl_llm.extras import require
+
+    require("distributed", f"a run of {launched_world_size()} data-parallel processes")
     from accelerate import PartialState
 
     if cpu is None:
