@@ -5,7 +5,7 @@
 
 Commands, each run `--rounds` times in a fresh process (the systems alternate A B A B ... after a
 warm-up, so that both see the same load): `marl-llm --cfg job`, `--help`, a value error
-(`trainer.max_steps=-1`: composed, then validated) and a misspelled key (`trainr.max_steps=1`:
+(`trainer.max_steps=-1`: composed, then validated) and a misspelled key (`trainer.max_stepz=1`:
 refused before Hydra composes). Wall time depends on what else the machine runs, so the children's
 CPU time (user + system, from getrusage) is reported beside it, and the load average before and
 after. Measures, never asserts.
@@ -31,7 +31,7 @@ COMMANDS = {
     "--cfg job": ["--cfg", "job"],
     "--help": ["--help"],
     "value error": ["trainer.max_steps=-1", "logger=none"],
-    "unknown key": ["trainr.max_steps=1"],
+    "unknown key": ["trainer.max_stepz=1"],
 }
 
 
@@ -52,9 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="results", help="where cli.md and cli.json go")
     ap.add_argument("--rounds", type=int, default=5, help="timed runs per command and system (after one warm-up)")
     ap.add_argument("--other", default=None, help="another marl-llm console script to time side by side")
+    ap.add_argument("--other-label", default="other", help="what --other is, for the table (e.g. 'main before #34')")
     args = ap.parse_args(argv)
     ours = str(Path(sys.executable).with_name("marl-llm"))
-    systems = {"this": ours, **({"other": args.other} if args.other else {})}
+    systems = {"this": ours, **({args.other_label: args.other} if args.other else {})}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
