@@ -75,7 +75,8 @@ def compose_config(overrides: list[str]):
 def required_settings(group: str, option: str) -> list[str]:
     """What an option needs on top of its YAML to compose and validate: the keys it has no default for."""
     return {("model", "local"): ["model.path=/some/dir"],
-            ("task", "team"): ["task.prompts=my_team:prompts", "task.reward=my_team:reward"]}.get((group, option), [])
+            ("task", "team"): ["task.prompts=my_team:prompts", "task.reward=my_team:reward"],
+            ("task", "env"): ["task.env=guess_env:Guess"]}.get((group, option), [])
 
 
 def tiny_overrides(model_dir: Path, run_dir: Path, *extra: str) -> list[str]:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from marl_llm.algos.advantages import per_agent_advantages, tree_advantages
+from marl_llm.algos.advantages import (GroupIndex, level_matrix, normalize_then_sum, per_agent_advantages,
+                                      per_agent_returns, tree_advantages, tree_level_advantages)
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.buffer import BufferedSample, SampleBuffer, step_stats
 from marl_llm.algos.losses import k3_kl
@@ -60,7 +61,9 @@ class MAGRPO(Algorithm):
                     start += len(turn)
         # Per agent: (completion, advantage, turn) of every sample.
         rows: list[list[tuple[Completion, float, int]]] = [[] for _ in range(n_agents)]
-        if a.joint_mode == "cross":
+        if a.reward_levels == "normalize_then_sum":
+            self._level_rows(tree, rows)
+        elif a.joint_mode == "cross":
             G, nodes = a.num_generations, tree.turns[0]
             for b in range(len(tree.problems)):
                 idx = [j for j, n in enumerate(nodes) if n.problem == b]  # G^N nodes in product order
@@ -79,6 +82,30 @@ class MAGRPO(Algorithm):
         groups = sibling_groups(tree) if self.buffer is not None else None  # the buffer's node samples
         return [AgentBatch(i, [c for c, _, _ in r], torch.tensor([v for _, v, _ in r], dtype=torch.float32),
                            [t for _, _, t in r], agent_kl[i], groups) for i, r in enumerate(rows)]
+
+    def _level_rows(self, tree: JointTree, rows: list[list[tuple[Completion, float, int]]]) -> None:
+        """algo.reward_levels=normalize_then_sum (GDPO): every sample's advantage from the reward's
+        levels (algos/advantages.py), one level matrix [K, nodes] over the whole tree."""
+        a, n_agents = self.cfg, self.task.num_agents
+        levels = level_matrix([n.reward for n in tree.nodes()])
+        if a.joint_mode == "cross":
+            G, nodes = a.num_generations, tree.turns[0]
+            for i in range(n_agents):
+                samples, values = [], []  # agent i's G samples per problem, and their [K] level returns
+                for b in range(len(tree.problems)):
+                    idx = [j for j, n in enumerate(nodes) if n.problem == b]  # G^N nodes in product order
+                    joint = levels[:, idx].reshape([len(levels)] + [G] * n_agents)  # [K] + [G]*N
+                    values.append(per_agent_returns(joint, n_agents, "cross")[:, i])  # [K, G]
+                    samples += [next(nodes[j] for j in idx if nodes[j].choice[i] == g).completions[i] for g in range(G)]
+                adv = normalize_then_sum(torch.cat(values, dim=1), GroupIndex.dense(len(tree.problems), G), a.baseline)
+                rows[i].extend((c, float(v), 0) for c, v in zip(samples, adv))
+            return
+        parents = [torch.tensor([n.parent for n in turn], dtype=torch.long) for turn in tree.turns]
+        advs = tree_level_advantages(list(levels.split([len(t) for t in tree.turns], dim=1)), parents, a.discount,
+                                     a.baseline)
+        for i in range(n_agents):
+            for t, turn in enumerate(tree.turns):
+                rows[i].extend((n.completions[i], adv, t) for n, adv in zip(turn, advs[t].tolist()))
 
     @torch.no_grad()
     def _sequence_kl(self, agent: int, completions: list[Completion]) -> torch.Tensor:

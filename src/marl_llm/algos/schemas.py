@@ -26,6 +26,9 @@ from marl_llm.registry import (AGGREGATIONS, ALGORITHMS, BASELINE_MIN_GROUP_SIZE
 
 # algo=single's one agent (algos/baselines.SingleAgentTask).
 SINGLE_AGENT = ("single",)
+# algo.reward_levels: how a reward with several levels becomes advantages (algos/advantages.py
+# implements them: sum, the papers'; normalize_then_sum, GDPO's).
+REWARD_LEVELS = ("sum", "normalize_then_sum")
 
 
 # ------------------------------------------------------------------------------------- schemas
@@ -42,6 +45,9 @@ class MAGRPOConfig(PolicyConfig):
     baseline: str = "mean"
     # Divide advantages by the group std. With it on, all four baselines coincide.
     normalize_advantages: bool = False
+    # sum: the advantage of the reward's total (the paper's). normalize_then_sum: GDPO's, each reward
+    # level normalized within its group, summed, the sum normalized over the step (algos/advantages.py).
+    reward_levels: str = "sum"
     num_turns: int = 2
     # Return of a node: r + discount * mean(children's returns).
     discount: float = 1.0
@@ -75,6 +81,10 @@ class MAGRPOConfig(PolicyConfig):
         check_choice(cfg, "algo.joint_mode", JOINT_MODES)
         check_choice(cfg, "algo.baseline", BASELINES)
         check_choice(cfg, "algo.kl_mode", ("reward", "loss"))
+        check_choice(cfg, "algo.reward_levels", REWARD_LEVELS)
+        check_value(a.reward_levels == "sum" or a.kl_coef == 0 or a.kl_mode == "loss", "algo.reward_levels",
+                    "normalize_then_sum normalizes the task's reward levels, and a KL that shapes the reward is none "
+                    "of them: set algo.kl_mode=loss (or algo.reward_levels=sum)")
         check_value(a.num_generations >= 1, "algo.num_generations", "must be >= 1")
         need = max(BASELINE_MIN_GROUP_SIZE[a.baseline], 2 if a.baseline in GROUP_BASELINES else 1)
         check_value(a.num_generations >= need, "algo.num_generations",
@@ -111,6 +121,10 @@ class ATGRPOConfig(PolicyConfig):
     # int(n * frac) groups with the lowest mean score (PettingLLMs: filter_method=mean, 0.5).
     filter_zero_std: bool = False
     filter_low_mean_frac: float = 0.0
+    # sum: the advantage of each candidate's score (the paper's). normalize_then_sum: GDPO's, each
+    # component of the score (the team reward's levels times alpha, the agent's own reward)
+    # normalized within its group, summed, the sum normalized over the step (algos/advantages.py).
+    reward_levels: str = "sum"
     learning_rate: float = 5.0e-6
     max_grad_norm: float = 1.0
     # Policies: one for all roles by default (per_agent: one per role; or `policy_map`).
@@ -126,6 +140,7 @@ class ATGRPOConfig(PolicyConfig):
     def check(cfg: Any) -> None:
         a = cfg.algo
         check_choice(cfg, "algo.select", ("best", "random"))
+        check_choice(cfg, "algo.reward_levels", REWARD_LEVELS)
         check_value(a.num_branches >= 2, "algo.num_branches", "K must be >= 2: a group of one has no advantage")
         check_value(a.num_turns >= 1, "algo.num_turns", "must be >= 1")
         check_value(a.eps > 0, "algo.eps", "must be > 0")
