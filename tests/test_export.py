@@ -110,6 +110,21 @@ def test_export_round_trip_per_agent_and_shared(tiny_model_dir, tmp_path):
         assert want.keys() == got.keys() and all(torch.equal(want[k][n], got[k][n]) for k in want for n in want[k])
 
 
+def test_exported_files_follow_the_umask(tiny_model_dir, tmp_path):
+    """safetensors writes 0600 and mkdtemp makes 0700: the export gives every file and dir the
+    modes the umask asks for (here group-writable, as a shared project dir has it)."""
+    cfg = compose_config(tiny_overrides(tiny_model_dir, tmp_path))
+    old = os.umask(0o002)
+    try:
+        agents = export_agents(tmp_path, cfg, make_policies(tiny_model_dir), step=1)
+    finally:
+        os.umask(old)
+    modes = {str(p.relative_to(tmp_path)): p.stat().st_mode & 0o777 for p in [agents, *agents.rglob("*")]}
+    assert "agents/aux/adapter_model.safetensors" in modes
+    assert {m for p, m in modes.items() if (tmp_path / p).is_file()} == {0o664}
+    assert {m for p, m in modes.items() if (tmp_path / p).is_dir()} == {0o775}
+
+
 def test_full_fine_tune_exports_whole_models_and_replaces_an_earlier_export(tiny_model_dir, tmp_path):
     from transformers import AutoTokenizer
 
@@ -202,3 +217,35 @@ def test_bad_input_is_one_error_line(trained_run, tmp_path, capsys, case, args, 
     assert files_state(trained_run) == before and evals(trained_run) == evals_before
     if case == "untrained":
         assert os.listdir(run_dir) == ["config.yaml"]
+
+
+def test_a_history_of_the_agents_keeps_the_newest_and_evaluates_by_step(tiny_model_dir, tmp_path, capsys):
+    """trainer.history_every=1, history_keep=2 over 3 steps: checkpoint-2 and checkpoint-3 are kept
+    (checkpoint-1 removed), each the agents of its step; marl-llm-eval --step picks one."""
+    from safetensors.torch import load_file
+
+    from marl_llm.training.trainer import train
+
+    run_dir = tmp_path / "run"
+    train(compose_config(tiny_overrides(tiny_model_dir, run_dir, "trainer.max_steps=3", "trainer.history_every=1",
+                                        "trainer.history_keep=2", "algo.baseline=raw", "algo.learning_rate=0.05",
+                                        "trainer.eval_before=false", "trainer.eval_after=false")))
+    history = run_dir / "checkpoints"
+    assert sorted(p.name for p in history.iterdir()) == ["checkpoint-2", "checkpoint-3"]  # no temp dirs either
+    assert [read_manifest(history / f"checkpoint-{s}")["step"] for s in (2, 3)] == [2, 3]
+    weights = {s: load_file(history / f"checkpoint-{s}" / "aux" / "adapter_model.safetensors") for s in (2, 3)}
+    final = load_file(run_dir / "agents" / "aux" / "adapter_model.safetensors")
+    assert any(not torch.equal(weights[2][k], weights[3][k]) for k in weights[3])  # step 3 trained on from step 2
+    assert all(torch.equal(weights[3][k], final[k]) for k in final)  # the last one is the final export
+    assert "agents of step 2 kept as" in capsys.readouterr().out
+
+    out = tmp_path / "eval2"
+    eval_cli.main([str(run_dir), "--step", "2", "--out", str(out), "trainer.eval_max_problems=1",
+                   f"model.device={TEST_DEVICE}"])
+    result = json.loads((out / "metrics.json").read_text())
+    assert result["weights"]["step"] == 2 and result["weights"]["path"].endswith("checkpoints/checkpoint-2")
+    for args, message in ((["--step", "1"], "has no agents of step 1 (it has the agents of steps 2, 3)"),
+                          (["--step", "3", "--weights", "checkpoint"], "drop --weights checkpoint")):
+        with pytest.raises(SystemExit):
+            eval_cli.main([str(run_dir), *args, "--out", str(tmp_path / "bad")])
+        assert message in capsys.readouterr().err and not (tmp_path / "bad").exists()

@@ -201,30 +201,69 @@ def test_a_plugin_that_is_not_importable_gets_one_line(user_dir):
     assert "no module named 'no_such_module'" in out.stderr and "PYTHONPATH" in out.stderr
 
 
-@pytest.fixture(scope="module")
-def median_site(tmp_path_factory) -> Path:
-    """A user's package with a baseline, pip-installed into a dir of its own (not the venv)."""
-    tmp_path = tmp_path_factory.mktemp("median")
-    src = tmp_path / "median_pkg"
-    (src / "median_baseline").mkdir(parents=True)
-    (src / "median_baseline" / "__init__.py").write_text(BASELINE_MODULE)
-    (src / "pyproject.toml").write_text(textwrap.dedent('''
+def pip_install(tmp_path: Path, name: str, files: dict[str, str], setuptools: str) -> Path:
+    """A user's package (`files` by path, its pyproject's [tool.setuptools] section), declaring its
+    module `name` in the marl_llm.plugins entry-point group, pip-installed into a dir of its own
+    (not the venv): put it on PYTHONPATH to have it installed."""
+    src = tmp_path / f"{name}_pkg"
+    for path, text in files.items():
+        (src / path).parent.mkdir(parents=True, exist_ok=True)
+        (src / path).write_text(text)
+    (src / "pyproject.toml").write_text(textwrap.dedent(f'''
         [build-system]
         requires = ["setuptools>=68"]
         build-backend = "setuptools.build_meta"
         [project]
-        name = "median-baseline"
+        name = "{name.replace("_", "-")}"
         version = "0.1"
         [project.entry-points."marl_llm.plugins"]
-        median = "median_baseline"
-        [tool.setuptools]
-        packages = ["median_baseline"]
-    '''))
+        {name} = "{name}"
+    ''') + textwrap.dedent(setuptools))
     site = tmp_path / "site"
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                           "--target", str(site), str(src)], capture_output=True, text=True, timeout=300)
     assert pip.returncode == 0, pip.stderr
     return site
+
+
+@pytest.fixture(scope="module")
+def median_site(tmp_path_factory) -> Path:
+    """A user's package with a baseline, installed with pip."""
+    return pip_install(tmp_path_factory.mktemp("median"), "median_baseline",
+                       {"median_baseline/__init__.py": BASELINE_MODULE},
+                       '''
+                       [tool.setuptools]
+                       packages = ["median_baseline"]
+                       ''')
+
+
+def test_an_installed_plugins_task_with_flags_after_the_overrides(tmp_path):
+    """A plugin installed with pip whose YAML sits in a folder without __init__.py, named by
+    pkg:// (Hydra warned on every command that it was not available): its task is listed by
+    --help, and flags after the overrides work (the search path override added behind them had
+    made argparse refuse it)."""
+    module = TASK_MODULE.replace("echo", "headline").replace(
+        'CONFIG_SEARCHPATH = "file://" + str(Path(__file__).parent / "conf")', 'CONFIG_SEARCHPATH = "pkg://headline.conf"')
+    site = pip_install(tmp_path, "headline", {"headline/__init__.py": module,
+                                              "headline/conf/task/headline.yaml": TASK_YAML.replace("echo", "headline")},
+                       '''
+                       [tool.setuptools]
+                       packages = ["headline"]
+                       [tool.setuptools.package-data]
+                       headline = ["conf/task/*.yaml"]
+                       ''')
+    assert not (site / "headline" / "conf" / "__init__.py").exists()
+    env = {"PYTHONPATH": str(site)}
+    shown = marl_llm(["task=headline", "--help"], env, tmp_path)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    task_line = next(line for line in shown.stdout.splitlines() if line.startswith("task: "))
+    assert "headline" in task_line.split(": ", 1)[1].split(", ") and "humaneval" in task_line
+    for args in (["task=headline", "--cfg", "job"], ["algo=magrpo", "--cfg", "job"], ["--info", "searchpath"],
+                 ["-cd", str(tmp_path), "task=headline", "--cfg", "job"]):
+        out = marl_llm(args, env, tmp_path)
+        assert out.returncode == 0 and "Traceback" not in out.stderr, (args, out.stderr[-2000:])
+        assert "not available" not in out.stderr and "Warning" not in out.stderr, (args, out.stderr)
+    assert "bonus: 2.0" in marl_llm(["task=headline", "--cfg", "job"], env, tmp_path).stdout
 
 
 def test_a_baseline_of_your_own_from_an_installed_entry_point(median_site, tmp_path, tiny_model_dir):
@@ -368,3 +407,32 @@ def test_the_python_api_names_a_run_dir_as_the_console_script_does():
 
     path = new_run_dir()
     assert path.parts[:2] == ("outputs", datetime.now().strftime("%Y-%m-%d")) and "$" not in str(path)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["task=x", "--help"], ["S", "task=x", "--help"]),
+    (["--cfg", "job"], ["S", "--cfg", "job"]),
+    (["algo=a", "--cfg", "job", "--resolve"], ["S", "algo=a", "--cfg", "job", "--resolve"]),
+    (["--info", "searchpath"], ["S", "--info", "searchpath"]),
+    (["-m", "-cd", "/d", "seed=0,1"], ["-m", "-cd", "/d", "S", "seed=0,1"]),
+    (["--config-name", "config", "~seed"], ["--config-name", "config", "S", "~seed"]),
+])
+def test_added_overrides_sit_with_the_given_ones(args, expected):
+    """Hydra's argparse takes the overrides as one run of positionals: one added after a flag that
+    follows them is refused, so the plugins' search path (and the ranks' run dir) goes in front."""
+    from marl_llm.configure import add_overrides
+
+    assert add_overrides(args, ["S"]) == expected
+
+
+@pytest.mark.parametrize("entry, message", [("pkg://no_such_pkg.conf", "names no importable package folder"),
+                                            ("file:///no/such/dir", "is not a folder")])
+def test_a_plugins_search_path_that_names_no_folder_gets_one_line(tmp_path, monkeypatch, entry, message):
+    from marl_llm.config import UserError
+    from marl_llm.plugins import load_plugins
+
+    name = f"bad_searchpath_{entry.split(':')[0]}"  # a module of its own per case (Python caches modules)
+    (tmp_path / f"{name}.py").write_text(f"CONFIG_SEARCHPATH = {entry!r}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UserError, match=f"plugin {name}: CONFIG_SEARCHPATH '{entry}' {message}"):
+        load_plugins([name])

@@ -23,7 +23,8 @@ PNG_MAGIC = b"\x89PNG"
 def make_run(root: Path, name: str, *, algo: str, seed: int, task: str = "tldr", max_steps: int = 5,
              train: dict[int, float] | None = None, evals: dict[int, dict[str, float]] | None = None,
              wall_s: float = 10.0, group: str | None = None, finished: bool = True,
-             extra_lines: list[str] = (), joint_actions: float | None = None, config: dict | None = None) -> Path:
+             extra_lines: list[str] = (), joint_actions: float | None = None, config: dict | None = None,
+             eval_problems: int | None = None) -> Path:
     """A run dir as the trainer writes it: config.yaml, metrics.jsonl and (if finished) summary.json.
     `config`: extra or changed config.yaml keys (nested dicts), e.g. {"algo": {"baseline": "rloo"}}."""
     d = root / name
@@ -46,8 +47,10 @@ def make_run(root: Path, name: str, *, algo: str, seed: int, task: str = "tldr",
     if finished:
         before = {k: v for k, v in evals.get(0, {}).items()} or None
         after = evals[max(evals)] if evals else None
-        (d / "summary.json").write_text(json.dumps({"before": before, "after": after, "steps": max_steps,
-                                                    "wall_s": wall_s, "sec_per_step": None}))
+        summary = {"before": before, "after": after, "steps": max_steps, "wall_s": wall_s, "sec_per_step": None}
+        if eval_problems is not None:  # runs before issue 34 did not record it
+            summary["eval_problems"] = eval_problems
+        (d / "summary.json").write_text(json.dumps(summary))
     return d
 
 
@@ -59,12 +62,15 @@ def build_tldr(root: Path) -> None:
     # magrpo: eval reward 0.5 -> 1.0 (seed 0) and 1.0 -> 2.0 (seed 1): final 1.500 ± 0.707 (sample std:
     # sqrt((0.5² + 0.5²) / 1)), Δ 0.750 ± 0.354; the IQM of two runs is their mean, the bootstrap CI [1.0, 2.0].
     make_run(root, "magrpo/0", algo="magrpo", seed=0, train={s: 0.1 * s for s in range(1, 6)},
-             evals={0: levels(0.5, 0.2, 0.1), 5: levels(1.0, 0.4, 0.3)}, wall_s=100.0)
+             evals={0: levels(0.5, 0.2, 0.1), 5: levels(1.0, 0.4, 0.3)}, wall_s=100.0, eval_problems=16)
     make_run(root, "magrpo/1", algo="magrpo", seed=1, train={s: 0.3 * s for s in range(1, 6)},
-             evals={0: levels(1.0, 0.2, 0.1), 5: levels(2.0, 0.6, 0.5)}, wall_s=200.0)
+             evals={0: levels(1.0, 0.2, 0.1), 5: levels(2.0, 0.6, 0.5)}, wall_s=200.0, eval_problems=16)
     # parallel: evaluation only (max_steps 0), rewards 0.2 and 0.4: 0.300 ± 0.141, Δ 0.
-    make_run(root, "parallel/0", algo="parallel", seed=0, max_steps=0, evals={0: levels(0.2, 0.1, 0.0)}, wall_s=5.0)
-    make_run(root, "parallel/1", algo="parallel", seed=1, max_steps=0, evals={0: levels(0.4, 0.3, 0.2)}, wall_s=7.0)
+    # Their runs evaluated on 1 and 4 problems; an older run would not say (shown as "?").
+    make_run(root, "parallel/0", algo="parallel", seed=0, max_steps=0, evals={0: levels(0.2, 0.1, 0.0)}, wall_s=5.0,
+             eval_problems=1)
+    make_run(root, "parallel/1", algo="parallel", seed=1, max_steps=0, evals={0: levels(0.4, 0.3, 0.2)}, wall_s=7.0,
+             eval_problems=4)
     # Unfinished: would change every magrpo number if it were counted.
     make_run(root, "magrpo/crashed", algo="magrpo", seed=2, train={1: 50.0}, evals={0: levels(50.0, 9.0, 9.0)},
              finished=False)
@@ -90,14 +96,17 @@ def test_end_to_end_table_plots_and_warnings(tmp_path, capsys):
     md = md_path.read_text()
     rows = table_rows(md)
     header = rows["__header__"]
-    assert header == ["method", "n", "steps", "eval/reward IQM [95% CI]", "eval/reward", "structure", "style",
-                      "Δ vs step 0", "train time (s)"]
+    assert header == ["method", "n", "steps", "eval/reward IQM [95% CI]", "eval problems", "eval/reward", "structure",
+                      "style", "Δ vs step 0", "train time (s)"]
     col = {h: i for i, h in enumerate(header)}
     magrpo, parallel = rows["magrpo"], rows["parallel"]
     assert magrpo[col["n"]] == "2" and parallel[col["n"]] == "2"
     assert magrpo[col["steps"]] == "5" and parallel[col["steps"]] == "0"
     assert magrpo[col["eval/reward"]] == "1.500 ± 0.707"
     assert magrpo[col["eval/reward IQM [95% CI]"]] == "1.500 [1.000, 2.000]"
+    # Next to the interval over runs: the problems each run's value comes from.
+    assert magrpo[col["eval problems"]] == "16" and parallel[col["eval problems"]] == "1/4"
+    assert "**eval problems** says how many held-out problems" in md
     assert magrpo[col["structure"]] == "0.500 ± 0.141"
     assert magrpo[col["style"]] == "0.400 ± 0.141"
     assert magrpo[col["Δ vs step 0"]] == "0.750 ± 0.354"
@@ -160,9 +169,11 @@ def test_two_tasks_two_files_and_task_filter(tmp_path, capsys):
     assert main([str(root), "--out", str(out)]) == 0
     assert sorted(p.name for p in out.glob("*.md")) == ["humaneval.md", "tldr.md"]
     he = table_rows((out / "humaneval.md").read_text())
-    assert he["__header__"][3:8] == ["eval/reward IQM [95% CI]", "eval/reward", "tests", "pass@1", "pass@10"]
-    # One run: a mean, but no spread and no interval.
-    assert he["single"][3] == "3.000 [n/a]" and he["single"][4] == "3.000 ± n/a" and he["single"][6] == "0.250 ± n/a"
+    assert he["__header__"][3:9] == ["eval/reward IQM [95% CI]", "eval problems", "eval/reward", "tests", "pass@1",
+                                     "pass@10"]
+    # One run: a mean, but no spread and no interval; it does not say how many problems it evaluated.
+    assert he["single"][3] == "3.000 [n/a]" and he["single"][5] == "3.000 ± n/a" and he["single"][7] == "0.250 ± n/a"
+    assert he["single"][4] == "?"
     assert "magrpo" not in (out / "humaneval.md").read_text()
     # No train rows for humaneval: the train plot is skipped with a message, the eval plot is still drawn.
     assert not (out / "humaneval_train_reward.png").exists()
@@ -183,8 +194,9 @@ def test_turn_based_tasks_report_the_success_rate_first(tmp_path):
     out = tmp_path / "out"
     assert main([str(root), "--out", str(out)]) == 0
     rows = table_rows((out / "sokoban.md").read_text())
-    assert rows["__header__"][3:7] == ["success_rate IQM [95% CI]", "success_rate", "eval/reward", "solved"]
-    assert rows["at_grpo"][4] == "0.500 ± 0.354"
+    assert rows["__header__"][3:8] == ["success_rate IQM [95% CI]", "eval problems", "success_rate", "eval/reward",
+                                       "solved"]
+    assert rows["at_grpo"][5] == "0.500 ± 0.354"
 
 
 def test_commands_file_appended_verbatim(tmp_path, capsys):
@@ -411,12 +423,13 @@ def test_csv_and_json_formats_parse(tmp_path, capsys):
     assert float(magrpo["eval/reward_mean"]) == 1.5 and abs(float(magrpo["eval/reward_std"]) - 0.5 ** 0.5) < 1e-9
     assert float(magrpo["eval/reward_ci_low"]) == 1.0 and float(magrpo["eval/reward_ci_high"]) == 2.0
     assert magrpo["ci_level"] == "0.95" and magrpo["ci_resamples"] == "2000"
+    assert magrpo["eval_problems"] == "16" and rows["parallel"]["eval_problems"] == "1 4"
 
     doc = json.loads((out / "tldr.json").read_text())
     assert doc["task"] == "tldr" and doc["interval"]["resamples"] == 2000 and doc["interval"]["level"] == 0.95
     groups = {g["label"]: g for g in doc["groups"]}
     assert groups["magrpo"]["final"]["eval/reward"]["mean"] == 1.5 and groups["magrpo"]["seeds"] == [0, 1]
-    assert groups["magrpo"]["headline"]["values"] == [1.0, 2.0]
+    assert groups["magrpo"]["headline"]["values"] == [1.0, 2.0] and groups["parallel"]["eval_problems"] == [1, 4]
     assert [p["step"] for p in groups["magrpo"]["eval_curve"]] == [0, 5]
 
     # One run: its std is null in JSON and empty in CSV, never 0.
@@ -474,8 +487,74 @@ def test_eval_points_are_not_joined(tmp_path, axes):
     assert draw_eval_reward(axes, agg)
     (container,) = [c for c in axes.containers if c.get_label() == "magrpo (n=2)"]
     data_line = container.lines[0]
-    assert list(data_line.get_xdata()) == [0, 5] and data_line.get_linestyle() == "None"  # points, no line
+    xs = list(data_line.get_xdata())
+    assert len(xs) == 2 and data_line.get_linestyle() == "None"  # points, no line
     assert data_line.get_marker() not in (None, "", "None", " ")
+    # Dodged: at each step, a little to one side of it, never on another group's point.
+    assert abs(xs[0]) <= 1 and abs(xs[1] - 5) <= 1 and xs[1] - xs[0] == 5
+    step0 = sorted(float(c.lines[0].get_xdata()[0]) for c in axes.containers)
+    assert len(step0) == 2 and step0[0] < 0 < step0[1]
+
+
+def test_many_groups_keep_their_legend_labels_and_points_apart(tmp_path, monkeypatch):
+    """Twelve groups evaluated at the same steps: the legend goes beside the axes, wholly inside
+    the saved image (which grows to hold it and the final chart's long row labels), and no two
+    groups' points share an x."""
+    from marl_llm.report.plots import plot_eval_reward, plot_final
+
+    root = tmp_path / "runs"
+    for g in range(12):
+        for seed in (0, 1):
+            make_run(root, f"g{g}/{seed}", algo="magrpo", seed=seed, evals={0: {"reward": 0.5}, 5: {"reward": 1.0}},
+                     config={"algo": {"learning_rate": 10.0 ** -(g + 1)}}, eval_problems=1)
+    agg = aggregate(find_runs([root]))["tldr"]
+    assert len(agg["methods"]) == 12
+    plt = _pyplot()
+    fig, ax = plt.subplots()
+    draw_eval_reward(ax, agg)
+    xs = [float(x) for c in ax.containers for x in c.lines[0].get_xdata()]
+    assert len(set(xs)) == len(xs) == 24
+    plt.close(fig)
+    from PIL import Image
+
+    from marl_llm.report.plots import place_legend
+
+    # The legend of many groups sits beside the axes (axes coordinates beyond 1), in columns.
+    fig, ax = plt.subplots()
+    draw_eval_reward(ax, agg)
+    place_legend(ax)
+    legend = ax.get_legend()
+    anchor = legend.get_bbox_to_anchor().transformed(ax.transAxes.inverted())
+    assert anchor.x0 > 1 and legend._ncols == 1 and len(legend.get_texts()) == 12
+    plt.close(fig)
+    # Saved, the image holds the legend and the row labels whole: each inside what savefig keeps
+    # (bbox_inches="tight"), and the legend clear of the axes, where it would hide points.
+    from marl_llm.report import plots
+
+    seen = {}
+    real_save = plots._save_fig
+
+    def save(fig, path):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        kept = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)  # inches -> pixels
+        parts = [ax.get_legend()] if ax.get_legend() else []
+        low, high = sorted(ax.get_ylim())
+        parts += [t for t in ax.get_yticklabels() if t.get_text() and low <= t.get_position()[1] <= high]
+        seen[path.name] = (kept, [p.get_window_extent(renderer) for p in parts], ax.get_window_extent(renderer),
+                           [t.get_text() for t in ax.get_yticklabels()])
+        real_save(fig, path)
+
+    monkeypatch.setattr(plots, "_save_fig", save)
+    for plot, name in ((plots.plot_eval_reward, "eval.png"), (plots.plot_final, "final.png")):
+        assert plot("tldr", agg, tmp_path / name)
+        kept, boxes, axes_box, labels = seen[name]
+        assert boxes and all(kept.x0 - 1 <= b.x0 and b.x1 <= kept.x1 + 1 and kept.y0 - 1 <= b.y0 and b.y1 <= kept.y1 + 1
+                             for b in boxes), name
+        assert Image.open(tmp_path / name).size[0] >= kept.width - 2
+    assert seen["eval.png"][1][0].x0 >= seen["eval.png"][2].x1  # the legend beside the axes
+    assert all(label.endswith("(n=2, 1 eval problems)") for label in seen["final.png"][3] if label)
 
 
 def test_colours_are_stable_across_reports(tmp_path):
@@ -515,4 +594,5 @@ def test_final_chart_puts_each_group_on_its_own_row_with_its_interval(tmp_path, 
     assert len(by_y) == 2  # one row each: nothing stacks
     heads = [a["headline"] for a in agg["methods"].values()]
     assert sorted(by_y.values()) == sorted((h["ci_low"], h["ci_high"]) for h in heads)
-    assert [t.get_text() for t in axes.get_yticklabels()] == [f"{m} (n=3)" for m in reversed(agg["methods"])]
+    assert [t.get_text() for t in axes.get_yticklabels()] == [f"{m} (n=3, ? eval problems)"
+                                                              for m in reversed(agg["methods"])]

@@ -339,3 +339,14 @@ def test_two_runs_starting_in_one_dir_at_once_get_it_once(tmp_path):
     assert "trainer.resume=if_possible" in refusal  # no checkpoint: true would refuse
     assert rundir.claim(run, resume=True) is None
     rundir.release(run, started=True)
+
+
+def test_a_resumed_runs_summary_keeps_the_first_attempts_evaluation_before_training(tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    args = ["trainer.eval_before=true", "trainer.eval_max_problems=1"]
+    train(compose_config(overrides(tiny_model_dir, run, 1, *args)))
+    first = json.loads((run / "summary.json").read_text())
+    assert first["before"] is not None and "reward" in first["before"]
+    train(compose_config(overrides(tiny_model_dir, run, 2, *args, "trainer.resume=true")))
+    resumed = json.loads((run / "summary.json").read_text())
+    assert resumed["steps"] == 2 and resumed["before"] == first["before"]

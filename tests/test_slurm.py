@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -114,20 +115,30 @@ def test_the_local_config_may_make_slurm_the_default_launcher(tmp_path):
     assert cfg.hydra.launcher._target_ == LOCAL_TARGET
 
 
+def fake_slurm(tmp_path: Path, **commands: str) -> dict[str, str]:
+    """An environment whose PATH finds these fake SLURM commands (shell bodies) first, and an srun
+    (submitit's check that this is a SLURM host)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in {"srun": "exit 0\n", **commands}.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def refusing_sbatch(tmp_path: Path) -> str:
+    """A fake sbatch that keeps the script it is given (job.sh) and refuses the job."""
+    return f'cp "$1" {tmp_path}/job.sh\necho "sbatch: error: refused (test)" >&2\nexit 1\n'
+
+
 def test_a_sweep_submits_one_job_array_with_the_local_settings(tmp_path):
     """`marl-llm -m hydra/launcher=slurm ...` through the real CLI and plugin, up to sbatch: a fake
     sbatch keeps the script it is given and refuses the job, so the sweep stops right there."""
-    bin_dir, sweep = tmp_path / "bin", tmp_path / "multirun" / "sweep1"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")  # submitit's check that this is a SLURM host
-    (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {tmp_path}/job.sh\n'
-                                    'echo "sbatch: error: refused (test)" >&2\nexit 1\n')
-    for f in bin_dir.iterdir():
-        f.chmod(0o755)
+    sweep = tmp_path / "multirun" / "sweep1"
+    env = fake_slurm(tmp_path, sbatch=refusing_sbatch(tmp_path))
     local_dir = tmp_path / "machine"  # --config-dir <dir>: <dir>/local/default.yaml, ahead of conf/
     (local_dir / "local").mkdir(parents=True)
     (local_dir / "local" / "default.yaml").write_text(LOCAL_CFG)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     out = subprocess.run([CLI, "-m", "--config-dir", str(local_dir), "hydra/launcher=slurm", "seed=0,1,2",
                           "hydra.launcher.gpus_per_node=2", f"hydra.sweep.dir={sweep}"],
                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120, check=False)
@@ -146,14 +157,8 @@ def test_a_sweep_submits_one_job_array_with_the_local_settings(tmp_path):
 def test_the_gres_preset_sets_gpus_and_ranks_with_one_key(tmp_path):
     """Clusters that take GPUs as --gres=gpu:<n>: `slurm_gres` and one override,
     hydra.launcher.tasks_per_node=<n>, give n GPUs and n ranks, without --gpus-per-node."""
-    bin_dir, sweep = tmp_path / "bin", tmp_path / "multirun" / "sweep1"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
-    (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {tmp_path}/job.sh\n'
-                                    'echo "sbatch: error: refused (test)" >&2\nexit 1\n')
-    for f in bin_dir.iterdir():
-        f.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    sweep = tmp_path / "multirun" / "sweep1"
+    env = fake_slurm(tmp_path, sbatch=refusing_sbatch(tmp_path))
     out = subprocess.run([CLI, "-m", "--config-dir", str(conf_copy(tmp_path)), "hydra/launcher=slurm_gres", "seed=0,1",
                           "hydra.launcher.tasks_per_node=4", f"hydra.sweep.dir={sweep}"],
                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120, check=False)
@@ -163,6 +168,32 @@ def test_the_gres_preset_sets_gpus_and_ranks_with_one_key(tmp_path):
     assert "--gpus-per-node" not in script
     cfg = compose_hydra(conf_copy(tmp_path / "2"), ["hydra/launcher=slurm_gres"])
     assert (cfg.hydra.launcher.gres, cfg.hydra.launcher.tasks_per_node) == ("gpu:1", 1)
+
+
+def test_a_failing_sacct_is_said_once(tmp_path):
+    """Where sacct fails (accounting disabled), submitit warned at every poll, each warning three
+    times (its stdout and stderr handlers, Hydra's root logger), under sacct's own error: one line
+    now, with sacct's error, however many polls fail. The fake sbatch accepts the job, which never
+    runs; the sweep is stopped after sacct's third failing poll (about 4 s in)."""
+    calls = tmp_path / "sacct_calls"
+    env = fake_slurm(tmp_path, sbatch="echo 'Submitted batch job 4242'\n",
+                     sacct=f"echo x >> {calls}\necho 'sacct: error: Slurm accounting storage is disabled' >&2\nexit 1\n")
+    proc = subprocess.Popen([CLI, "-m", "--config-dir", str(conf_copy(tmp_path)), "hydra/launcher=slurm", "seed=0",
+                             "logger=none", f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while (not calls.exists() or len(calls.read_text().split()) < 3) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(0.5)  # the third poll's warning, if any, is written
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+    out, err = proc.communicate()
+    assert len(calls.read_text().split()) >= 3, out + err
+    both = out + err
+    assert both.count("Slurm accounting storage is disabled") == 1, both
+    assert "sacct failed (sacct: error: Slurm accounting storage is disabled)" in err and "Bypassing" not in both
 
 
 def run_sweep(args: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:

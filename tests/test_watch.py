@@ -84,8 +84,8 @@ def test_a_bad_thread_count_is_one_error_line(tmp_path):
     out = marl_llm("trainer.threads=0", "logger=none", f"hydra.run.dir={tmp_path / 'run'}", timeout=60)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "error: trainer.threads=0 is not a choice: auto (the physical cores this process may use, at most torch's "
-        "default) or a number of threads, e.g. trainer.threads=1"]
+        "error: trainer.threads=0 is not a choice: auto (the physical cores this process may use, less those other "
+        "processes keep busy) or a number of threads, e.g. trainer.threads=1"]
 
 
 # --------------------------------------------------------------------------------- in-process
@@ -100,7 +100,8 @@ def test_threads_are_applied_for_the_run_and_restored(tiny_model_dir, tmp_path, 
 
 def test_auto_threads_are_at_most_the_cores_the_process_may_use(monkeypatch):
     assert torch_threads(3) == 3
-    assert torch_threads("auto") == min(torch.get_num_threads(), threads.available_cores())
+    assert torch_threads("auto", deterministic=True) == min(torch.get_num_threads(), threads.available_cores())
+    assert 1 <= torch_threads("auto") <= min(torch.get_num_threads(), threads.available_cores())
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0})  # e.g. srun --cpus-per-task=1
     monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda: None)
     assert threads.available_cores() == 1 and torch_threads("auto") == 1
@@ -110,6 +111,35 @@ def test_auto_threads_are_at_most_the_cores_the_process_may_use(monkeypatch):
     for bad in (0, -2, "many", True):
         with pytest.raises(UserError, match="trainer.threads"):
             torch_threads(bad)
+
+
+@pytest.mark.parametrize("cpus, cores, load, sampled, expected", [
+    (2, 2, 0.1, 0.05, 2),   # an idle 2-core machine: both cores
+    (2, 2, 2.6, 1.9, 1),    # two other jobs busy (the 4.3x case): one thread
+    (2, 2, 0.9, 0.2, 1),    # one other job left the load average high: the busier estimate counts
+    (2, 2, 0.1, 1.0, 1),    # one just started (not in the load average yet): the sample sees it
+    (8, 8, 3.0, 2.5, 5),    # 8 cores, 3 busy: the rest
+    (8, 4, 0.0, 4.0, 2),    # 4 cores with 2 hyper-threads each, half the CPUs busy: half the cores
+])
+def test_auto_threads_leave_the_cores_other_processes_keep_busy(monkeypatch, cpus, cores, load, sampled, expected):
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(threads, "available_cores", lambda: cores)
+    monkeypatch.setattr(threads.torch, "get_num_threads", lambda: cores)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(threads, "busy_cpus_sampled", lambda cpus: sampled)
+    chosen = threads.choose_threads("auto")
+    assert chosen.count == expected and f"{min(max(load, sampled), cpus):.1f} of {cpus} CPUs busy" in chosen.why
+    assert threads.choose_threads("auto", deterministic=True).count == cores  # the load left out
+
+
+def test_the_sampled_busy_time_reads_the_cpus_of_this_process(monkeypatch):
+    """/proc/stat's per-CPU jiffies: busy = all but idle and iowait, over the sampled window."""
+    readings = iter(["cpu  0 0 0 0 0\ncpu0 100 0 100 800 0 0 0 0\ncpu1 0 0 0 1000 0 0 0 0\n",
+                     "cpu  0 0 0 0 0\ncpu0 130 0 130 840 0 0 0 0\ncpu1 0 0 50 1050 0 0 0 0\n"])
+    monkeypatch.setattr(threads.Path, "read_text", lambda self: next(readings))
+    monkeypatch.setattr(threads.time, "sleep", lambda s: None)
+    assert threads.busy_cpus_sampled({0, 1}) == pytest.approx(60 / 100 + 50 / 100)
 
 
 def test_bars_on_a_terminal_with_the_log_lines_above_them(tiny_model_dir, tmp_path, capsys):

@@ -220,6 +220,11 @@ class TrainerConfig:
     # with every checkpoint when export_with_checkpoints.
     export_agents: bool = True
     export_with_checkpoints: bool = False
+    # A history of the trained agents, as Hugging Face's checkpoint-N: every history_every steps
+    # (0: none) the agents as agents/ holds them, in <run_dir>/checkpoints/checkpoint-<step>/; the
+    # history_keep newest are kept (null: all). `marl-llm-eval <run_dir> --step N` evaluates one.
+    history_every: int = 0
+    history_keep: Optional[int] = None
     # Continue the run in <run_dir> from its checkpoint: true (refused when there is none),
     # if_possible (without a checkpoint, start over in the dir, moving its earlier logs aside; a
     # finished run is left as it is; what a requeued SLURM job does by itself, and how a relaunched
@@ -264,8 +269,9 @@ class TrainerConfig:
     # base on every rank during rollouts; false keeps only the shards (and all-gathers per pass).
     fsdp_unshard_rollout: bool = True
     # Torch's CPU threads: auto = the fewer of torch's default and the physical cores this process
-    # may use (its CPU affinity, e.g. SLURM's --cpus-per-task, and a cgroup CPU quota), or a number.
-    # On a box that other jobs keep busy, fewer threads can be many times faster (docs/logging.md).
+    # may use (its CPU affinity, e.g. SLURM's --cpus-per-task, and a cgroup CPU quota), less the cores
+    # other processes keep busy (training/threads.py; the load left out with trainer.deterministic),
+    # or a number. On a busy box, fewer threads can be many times faster (docs/logging.md).
     threads: Any = "auto"
     # Console progress: auto (bars on a terminal; elsewhere, e.g. a SLURM log, a status line every
     # progress_every_s seconds on stderr) | bars | lines | off.
@@ -483,6 +489,9 @@ def check_shared(cfg: DictConfig) -> None:
     check_choice(cfg, "trainer.data_order", ("shuffle", "in_order"))
     check_value(t.eval_interval >= 0, "trainer.eval_interval", "must be >= 0 (batches of an epoch; 0: none)")
     check_value(t.save_every >= 0, "trainer.save_every", "must be >= 0")
+    check_value(t.get("history_every", 0) >= 0, "trainer.history_every", "must be >= 0 (0: no history)")
+    check_value(t.get("history_keep") is None or t.history_keep >= 1, "trainer.history_keep",
+                "must be >= 1 (the newest kept) or null (all)")
     check_value(t.eval_max_problems is None or t.eval_max_problems >= 1, "trainer.eval_max_problems",
                 "must be >= 1 or null")
     check_value(t.eval_num_samples >= 0, "trainer.eval_num_samples", "must be >= 0")

@@ -105,9 +105,29 @@ def plugins_from_overrides(args: list[str]) -> list[str]:
     return names
 
 
+# Hydra's flags that take a value (`--cfg job`; `--info` may): that value is not an override.
+VALUE_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-c", "--cfg", "-p", "--package",
+               "--experimental-rerun")
+INFO_VALUES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+
+
+def _is_override(args: list[str], i: int) -> bool:
+    a, before = args[i], args[i - 1] if i else ""
+    return not a.startswith("-") and before not in VALUE_FLAGS and not (before in ("-i", "--info") and a in INFO_VALUES)
+
+
+def add_overrides(args: list[str], extra: list[str]) -> list[str]:
+    """`args` with the overrides `extra` placed just before the first override given (or first of
+    all): Hydra's argparse reads the overrides as one run of positional arguments, and refuses one
+    placed after a flag that follows them (`task=x --help hydra.searchpath=[...]`), or takes it as
+    the value of `--info`."""
+    at = next((i for i in range(len(args)) if _is_override(args, i)), 0)
+    return [*args[:at], *extra, *args[at:]]
+
+
 def plugin_overrides(args: list[str], searchpath: list[str]) -> list[str]:
     """`args` as Hydra takes them: `plugins=a` as the list `plugins=[a]`, and the plugins' search path
-    entries appended to `hydra.searchpath` (merged with one given there)."""
+    entries added to `hydra.searchpath` (merged with one given there; add_overrides places it)."""
     out = []
     for a in args:
         key, eq, value = a.partition("=")
@@ -122,7 +142,7 @@ def plugin_overrides(args: list[str], searchpath: list[str]) -> list[str]:
         given += [value] if isinstance(value, str) else [str(v) for v in value]
         out.remove(a)
     entries = given + [p for p in searchpath if p not in given]
-    return out + ["hydra.searchpath=[" + ",".join(f"'{p}'" for p in entries) + "]"]
+    return add_overrides(out, ["hydra.searchpath=[" + ",".join(f"'{p}'" for p in entries) + "]"])
 
 
 def option_schemas(args: list[str]) -> tuple[dict[str, Any], bool]:
@@ -180,27 +200,29 @@ def data_split(role: str, train_split: str, eval_split: str, files: Any) -> str:
     return default_split(role, train_split, eval_split, dict(files or {}))
 
 
-def public_config_groups() -> str:
+def public_config_groups(searchpath: Any = None) -> str:
     """The `--help` listing of the groups a user picks from: Hydra's own listing without the
     private parts (`_matched_*`, shared by presets), the dataclass schemas (`*_schema`) and
-    example files, plus the launcher presets (`hydra/launcher`)."""
+    example files, plus the launcher presets (`hydra/launcher`). `searchpath`: hydra.searchpath
+    (the plugins' YAML dirs; Hydra's own listing leaves them out)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.object_type import ObjectType
 
     if not GlobalHydra.instance().is_initialized():  # the help template resolved outside Hydra
         return "(the groups: marl-llm --help)"
     loader = GlobalHydra.instance().config_loader()
+    overrides = ["hydra.searchpath=[" + ",".join(f"'{p}'" for p in searchpath) + "]"] if searchpath else []
 
     def groups(parent: str = "") -> list[str]:
         found = []
-        for child in loader.list_groups(parent):
+        for child in loader.get_group_options(parent, ObjectType.GROUP, overrides=overrides):
             name = f"{parent}/{child}" if parent else child
             found += [name, *groups(name)]
         return found
 
     lines = []
     for group in sorted(g for g in groups() if not g.startswith("hydra") or g == "hydra/launcher"):
-        options = [o for o in sorted(loader.get_group_options(group, ObjectType.CONFIG))
+        options = [o for o in sorted(loader.get_group_options(group, ObjectType.CONFIG, overrides=overrides))
                    if not o.startswith("_") and not o.endswith(("_schema", ".example"))]
         if options:
             lines.append(f"{group}: {', '.join(options)}")
@@ -259,8 +281,7 @@ def _leaves(tree: Any, prefix: str = "") -> list[str]:
 
 def validate(cfg: DictConfig) -> None:
     """Check values that types cannot: raises UserError naming the key and the valid range."""
-    from marl_llm.algos.base import ALGORITHMS
-    from marl_llm.algos.losses import AGGREGATIONS, POLICY_LOSSES
+    from marl_llm.registry import AGGREGATIONS, ALGORITHMS, POLICY_LOSSES
     from marl_llm.tasks.base import TASKS
     from marl_llm.tasks.data import parse_split
 
@@ -289,7 +310,8 @@ def validate(cfg: DictConfig) -> None:
         for key in ("train_split", "eval_split", "packaged_train_split", "packaged_eval_split"):
             parse_split(cfg.task.data[key], f"task.data.{key}")
     task_agents = getattr(TASKS[task], "agents_for", lambda _: None)(cfg.task)
-    check_agent_sampling(cfg, ALGORITHMS[algo].agents_for(task_agents))
-    for schema in (SCHEMAS["algo"].get(algo), SCHEMAS["task"].get(task)):
+    algo_schema = SCHEMAS["algo"].get(algo)
+    check_agent_sampling(cfg, getattr(algo_schema, "agents_for", lambda agents: agents)(task_agents))
+    for schema in (algo_schema, SCHEMAS["task"].get(task)):
         if hasattr(schema, "check"):
             schema.check(cfg)

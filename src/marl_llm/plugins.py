@@ -3,7 +3,9 @@
 Each registers itself when its module is imported (`@register_algorithm`, `@register_task`,
 `@register_baseline`, `@register_loss`). Imported here, before a config is composed:
 
-1. the package's own modules (everything under marl_llm.algos and marl_llm.tasks);
+1. the package's own: every module of marl_llm.tasks, and marl_llm.algos.schemas, which declares
+   the algorithms (and baselines, losses, ...) by name with their schemas: their modules import torch
+   and load when first used (marl_llm.registry), so composing and checking a config stays light;
 2. the modules that installed packages declare in the `marl_llm.plugins` entry-point group, e.g.
    in the plugin's pyproject.toml: [project.entry-points."marl_llm.plugins"] my_task = "my_pkg.task";
 3. the modules named by the `plugins` config key (`marl-llm plugins=[my_task] task=my_task`),
@@ -11,7 +13,7 @@ Each registers itself when its module is imported (`@register_algorithm`, `@regi
 
 A plugin module may set `CONFIG_SEARCHPATH` (a Hydra search path entry or a list of them, e.g.
 "pkg://my_pkg.conf" or "file:///data/my_conf") where its YAML files live (conf/task/<name>.yaml,
-...); they are added to `hydra.searchpath`. `--config-dir <dir>` and `hydra.searchpath=[...]` work too.
+...); they are added to `hydra.searchpath` (a pkg:// folder without __init__.py as its file:// path). `--config-dir <dir>` and `hydra.searchpath=[...]` work too.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import importlib.util
+import os
 import sys
 import traceback
 from types import ModuleType
@@ -26,7 +30,10 @@ from types import ModuleType
 from marl_llm.config import UserError
 
 ENTRY_POINT_GROUP = "marl_llm.plugins"
-BUILTIN_PACKAGES = ("marl_llm.algos", "marl_llm.tasks")
+# Every module of the tasks package (each light: no torch), and the algorithms' declarations (their
+# modules import torch, so they are declared by name with their schemas and load when first used).
+BUILTIN_PACKAGES = ("marl_llm.tasks",)
+BUILTIN_MODULES = ("marl_llm.algos.schemas",)
 
 
 @functools.cache
@@ -34,6 +41,8 @@ def _import_builtins() -> None:
     """Once per process (the CLI composes, checks overrides and validates: each loads the plugins)."""
     import pkgutil
 
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
     for package in BUILTIN_PACKAGES:
         pkg = importlib.import_module(package)
         for mod in pkgutil.iter_modules(pkg.__path__):
@@ -85,7 +94,30 @@ def load_plugins(names: list[str] | tuple[str, ...] = ()) -> list[str]:
     searchpath: list[str] = []
     for module in modules:
         declared = getattr(module, "CONFIG_SEARCHPATH", None)
-        for entry in [declared] if isinstance(declared, str) else list(declared or ()):
-            if entry not in searchpath:
-                searchpath.append(str(entry))
+        for declared_entry in [declared] if isinstance(declared, str) else list(declared or ()):
+            for entry in _readable_entries(str(declared_entry), module.__name__):
+                if entry not in searchpath:
+                    searchpath.append(entry)
     return searchpath
+
+
+def _readable_entries(entry: str, module: str) -> list[str]:
+    """A plugin's search path entry as Hydra reads it: `pkg://a.conf` whose folder has no
+    __init__.py (a namespace package, which Hydra's pkg:// reader cannot open; it warned on every
+    command) becomes `file://<that folder>`. An entry that names no folder is refused here, once,
+    naming the plugin, instead of Hydra's warning on every command."""
+    scheme, sep, where = entry.partition("://")
+    if sep and scheme == "pkg":
+        try:
+            spec = importlib.util.find_spec(where)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            raise UserError(f"plugin {module}: CONFIG_SEARCHPATH {entry!r} names no importable package folder: point it "
+                            f"at the folder that holds the YAML (pkg://<package>.<folder> or file://<dir>)")
+        if spec.origin is None or not spec.origin.endswith("__init__.py"):  # a namespace package
+            return [f"file://{folder}" for folder in spec.submodule_search_locations]
+    elif sep and scheme == "file" and not os.path.isdir(where):
+        raise UserError(f"plugin {module}: CONFIG_SEARCHPATH {entry!r} is not a folder: point it at the folder that "
+                        "holds the YAML (conf/task/<name>.yaml, ...)")
+    return [entry]

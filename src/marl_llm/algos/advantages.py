@@ -56,7 +56,8 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from marl_llm.registry import registrar
+from marl_llm.algos.schemas import REWARD_LEVELS
+from marl_llm.registry import BASELINE_MIN_GROUP_SIZE, BASELINES, GROUP_BASELINES, JOINT_MODES, registrar
 
 __all__ = [
     "BASELINES",
@@ -145,12 +146,8 @@ class GroupIndex:
 
 BaselineFn = Callable[[Tensor, GroupIndex], Tensor]
 
-BASELINES: dict[str, BaselineFn] = {}
-# Smallest group a baseline is defined on; dense `group_advantages` enforces it.
-BASELINE_MIN_GROUP_SIZE: dict[str, int] = {}
-# Baselines that subtract a statistic of the sibling group: a group of one gets advantage 0 from
-# them, so config validation asks for algo.num_generations >= 2 (raw, which ignores the group, not).
-GROUP_BASELINES: set[str] = set()
+# BASELINES, BASELINE_MIN_GROUP_SIZE, GROUP_BASELINES: marl_llm.registry (the built-ins are declared
+# by name in algos/schemas.py, which config checks read without importing this module).
 
 
 def register_baseline(name: str, *, min_group_size: int = 1,
@@ -160,6 +157,9 @@ def register_baseline(name: str, *, min_group_size: int = 1,
     ``uses_group``: whether it subtracts a statistic of the group (then G >= 2 is required)."""
 
     def decorator(fn: BaselineFn) -> BaselineFn:
+        if name in BASELINES and (BASELINE_MIN_GROUP_SIZE.get(name), name in GROUP_BASELINES) != (min_group_size,
+                                                                                                  uses_group):
+            raise ValueError(f"baseline {name!r} is declared with other settings than it is registered with")
         registrar(BASELINES, "baseline")(name)(fn)
         BASELINE_MIN_GROUP_SIZE[name] = min_group_size
         if uses_group:
@@ -291,7 +291,7 @@ def grouped_advantages(
 
 JointModeFn = Callable[[Tensor, int], Tensor]
 
-JOINT_MODES: dict[str, JointModeFn] = {}
+# JOINT_MODES: marl_llm.registry (the built-ins are declared in algos/schemas.py).
 
 
 # Register ``fn(joint_returns, num_agents) -> per-agent returns Tensor[(B,) N, G]``.
@@ -451,7 +451,7 @@ def tree_advantages(
 # Rewards with several levels (GDPO): normalize each level in its group, then sum.
 # --------------------------------------------------------------------------------------------
 
-REWARD_LEVELS = ("sum", "normalize_then_sum")
+# REWARD_LEVELS (the choices of algo.reward_levels) lives with the schemas that check it (algos/schemas.py).
 
 # A level's share of the total that the levels do not account for (a task whose levels do not add
 # up to its total): kept as one more level, so the advantage still sees the whole reward.

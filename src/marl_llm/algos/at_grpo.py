@@ -37,74 +37,18 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Optional
 
 import torch
 
-
-from marl_llm.algos.advantages import REST_LEVEL, REWARD_LEVELS, GroupIndex, level_matrix, normalize_then_sum
+from marl_llm.algos.advantages import REST_LEVEL, GroupIndex, level_matrix, normalize_then_sum
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.update import UpdateSettings, policy_update
-from marl_llm.config import PolicyConfig, check_choice, check_group, check_value
+from marl_llm.algos.schemas import ATGRPOConfig  # the schema (and its checks) lives with the light ones
 from marl_llm.distributed.data_parallel import all_sum
 from marl_llm.training.episodes import JointNode, JointTree, collect_tree
 from marl_llm.training.rollout_metrics import level_metrics
 from marl_llm.tasks.base import JointReward, Problem
 from marl_llm.tasks.turn_based import CandidateGroup, TurnTask, env_key, run_episodes
-
-
-@dataclass
-class ATGRPOConfig(PolicyConfig):
-    """AT-GRPO (arXiv 2510.11062): tree sampling per agent and turn, groups keyed by
-    (environment, agent, turn), reward alpha * team + local, PPO clipped surrogate."""
-
-    name: str = "at_grpo"
-    # K: candidates per agent at every turn, from the same state.
-    num_branches: int = 4
-    # Turns per episode (turn-based tasks use task.max_turns; joint-reward tasks this).
-    num_turns: int = 1
-    # Score of a candidate: alpha * team reward + the agent's local (role) reward.
-    alpha: float = 1.0
-    # best: continue from the highest-scoring candidate (greedy); random: from a random one.
-    select: str = "best"
-    # Advantage (r - mean) / (std + eps) within a group; std unbiased (as in verl) or population.
-    eps: float = 1.0e-6
-    unbiased_std: bool = True
-    # Before the advantages: drop groups whose rewards are all equal (no signal), then in each
-    # trained model (one base with its LoRA adapters, or one fully fine-tuned policy) the
-    # int(n * frac) groups with the lowest mean score (PettingLLMs: filter_method=mean, 0.5).
-    filter_zero_std: bool = False
-    filter_low_mean_frac: float = 0.0
-    # sum: the advantage of each candidate's score (the paper's). normalize_then_sum: GDPO's, each
-    # component of the score (the team reward's levels times alpha, the agent's own reward)
-    # normalized within its group, summed, the sum normalized over the step (algos/advantages.py).
-    reward_levels: str = "sum"
-    learning_rate: float = 5.0e-6
-    max_grad_norm: float = 1.0
-    # Policies: one for all roles by default (per_agent: one per role; or `policy_map`).
-    adapters: str = "shared"
-    # PPO clipped surrogate with token-mean aggregation over `ppo_epochs` passes; each pass cut
-    # into mini-batches of `mini_batch_size` samples (one optimizer step each; null: one step).
-    clip_eps: float = 0.2
-    ppo_epochs: int = 1
-    mini_batch_size: Optional[int] = 16
-    loss_aggregation: str = "token_mean"
-
-    @staticmethod
-    def check(cfg: Any) -> None:
-        a = cfg.algo
-        check_choice(cfg, "algo.select", ("best", "random"))
-        check_choice(cfg, "algo.reward_levels", REWARD_LEVELS)
-        check_value(a.num_branches >= 2, "algo.num_branches", "K must be >= 2: a group of one has no advantage")
-        check_value(a.num_turns >= 1, "algo.num_turns", "must be >= 1")
-        check_group(cfg, "algo.num_branches", a.num_turns, tree=False)
-        check_value(a.eps > 0, "algo.eps", "must be > 0")
-        check_value(0.0 <= a.filter_low_mean_frac < 1.0, "algo.filter_low_mean_frac", "must be in [0, 1)")
-        check_value(a.max_grad_norm > 0, "algo.max_grad_norm", "must be > 0")
-        check_value(a.clip_eps > 0, "algo.clip_eps", "must be > 0")
-        check_value(a.ppo_epochs >= 1, "algo.ppo_epochs", "must be >= 1")
-        check_value(a.mini_batch_size is None or a.mini_batch_size >= 1, "algo.mini_batch_size",
-                    "must be >= 1 or null")
 
 
 @dataclass

@@ -12,17 +12,17 @@ import dataclasses
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from marl_llm.training.episodes import JointNode, JointTree, Terminate, collect_tree
 from marl_llm.models.policies import AgentPolicies
-from marl_llm.registry import schema_registrar
+from marl_llm.registry import ALGORITHMS, schema_registrar
 from marl_llm.rollout.base import Completion, Rollout
 from marl_llm.rollout.sampling import SamplingParams
 from marl_llm.training.rollout_metrics import reward_metrics
-from marl_llm.tasks.base import Problem, Task, import_submodules
+from marl_llm.tasks.base import Problem, Task
 from marl_llm.tasks.turn_based import TurnTask, collect_episode_tree
 
 
@@ -60,11 +60,6 @@ class Algorithm(ABC):
     def task_view(cls, task: Task, cfg: Any) -> Task:
         """The task as this algorithm's agents see it (algo=single: one agent doing every part)."""
         return task
-
-    @classmethod
-    def agents_for(cls, task_agents: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        """The agents of `task_view`, from the task's own (`Task.agents_for`) before anything loads."""
-        return task_agents
 
     def __init__(self, cfg: Any, task: Task, policies: AgentPolicies, rollout: Rollout,
                  micro_batch_size: int = 8):
@@ -196,16 +191,16 @@ def warn_unapplied_generation_settings(model) -> None:
             ", ".join(f"{k}={v!r}" for k, v in extra.items()))
 
 
-ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
-
-
 # Class decorator: `@register_algorithm("name", schema=NameConfig)` makes an Algorithm available as
-# `algo=<name>`, its config keys typed and checked by its schema (a PolicyConfig subclass).
+# `algo=<name>`, its config keys typed and checked by its schema (a PolicyConfig subclass). The
+# table (marl_llm.registry.ALGORITHMS) also holds the built-ins declared in algos/schemas.py, each
+# imported when first used.
 register_algorithm = schema_registrar(ALGORITHMS, "algorithm", "algo")
 
 
 def algorithm_class(name: str) -> type[Algorithm]:
-    import_submodules("marl_llm.algos")
+    import marl_llm.algos.schemas  # noqa: F401  (declares the built-ins)
+
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algo.name={name!r}; registered: {sorted(ALGORITHMS)}")
     return ALGORITHMS[name]  # type: ignore[return-value]

@@ -17,39 +17,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from dataclasses import dataclass
-
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
-from marl_llm.algos.magrpo import MAGRPO, MAGRPOConfig
+from marl_llm.algos.magrpo import MAGRPO
+from marl_llm.algos.schemas import SINGLE_AGENT, PromptBaselineConfig, SingleConfig
 from marl_llm.training.episodes import JointTree, Terminate, collect_tree
 from marl_llm.rollout.sampling import SamplingParams
-from marl_llm.config import PolicyConfig, UserError
+from marl_llm.config import UserError
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn
-
-
-@dataclass
-class PromptBaselineConfig(PolicyConfig):
-    """The prompt-only multi-agent baselines (evaluation only, greedy): parallel | sequential |
-    discussion. Only `sampling.max_new_tokens` matters for greedy evaluation; temperature and
-    top_p apply to sampled pass@k (trainer.eval_num_samples). The policy keys only shape the
-    untrained (zero-initialized) adapters."""
-
-    learning_rate: float = 1e-5
-
-
-@dataclass
-class SingleConfig(MAGRPOConfig):
-    """One agent does the whole job (both parts in one answer), scored by the same joint reward
-    and trained with GRPO (= MAGRPO with one agent)."""
-
-    name: str = "single"
-    num_turns: int = 1
 
 
 class SingleAgentTask(Task):
     """`task` seen by one agent that writes every part: same data, same joint reward."""
 
-    agent_names = ("single",)
+    agent_names = SINGLE_AGENT
 
     def __init__(self, task: Task):
         from marl_llm.tasks.turn_based import TurnTask
@@ -81,10 +61,6 @@ class SingleAgent(MAGRPO):
     @classmethod
     def task_view(cls, task: Task, cfg: Any) -> Task:
         return SingleAgentTask(task)
-
-    @classmethod
-    def agents_for(cls, task_agents: tuple[str, ...] | None) -> tuple[str, ...]:
-        return SingleAgentTask.agent_names
 
 
 class PromptOnly(Algorithm):

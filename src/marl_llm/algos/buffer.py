@@ -26,7 +26,7 @@ from typing import Any, Callable, Hashable, Iterable
 import torch
 
 from marl_llm.config import UserError
-from marl_llm.distributed.data_parallel import world
+from marl_llm.distributed.world import world
 from marl_llm.rollout.base import Completion
 
 

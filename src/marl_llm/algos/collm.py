@@ -33,19 +33,19 @@ one step of that agent's critic (CC: the shared critic, so once per agent) per b
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
-from omegaconf import MISSING
 
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.buffer import BufferedSample, SampleBuffer, step_stats
 from marl_llm.algos.critic import Critic, ValueHead, has_dropout
-from marl_llm.algos.loss_tokens import ACTOR_CRITIC_LOSS_TOKENS, with_loss_tokens
+from marl_llm.algos.loss_tokens import with_loss_tokens
 from marl_llm.algos.returns import gae, normalize_per_group, td0
 from marl_llm.algos.update import UpdateSettings, policy_update
-from marl_llm.config import PolicyConfig, UserError, check_choice, check_policy_updates, check_value
+from marl_llm.algos.schemas import ActorCriticConfig  # the schema (and its checks) lives with the light ones
+from marl_llm.config import UserError
 from marl_llm.distributed import fsdp
 from marl_llm.training.episodes import JointNode, JointTree, trajectories
 from marl_llm.training.rollout_metrics import reward_metrics
@@ -61,85 +61,6 @@ def joint_history(node: JointNode, with_actions: bool) -> str:
     if with_actions:
         text += "\n\n[Joint Action]\n" + "\n\n".join(f"[Agent {i + 1}]\n{t}" for i, t in enumerate(node.texts))
     return text
-
-
-@dataclass
-class CriticConfig:
-    # Where the critic lives: `adapter` (one more LoRA adapter on the actors' frozen base, the
-    # default), `separate` (a separate copy of the base, fully fine-tuned: the reference code's
-    # critic), `actor` (collm_dc only: a value head on the agent's own actor adapter, shared trunk).
-    placement: str = "adapter"
-    # `value`: V(h) read at the last prompt token; `q`: Q(h, a) read at the last completion token
-    # (CC appends the joint action to the joint history, DC the agent's own action).
-    kind: str = "value"
-    learning_rate: float = 5.0e-6
-    weight_decay: float = 0.01
-    # c_v in c_v * mean((y - V)^2).
-    loss_coef: float = 0.6
-    # PPO-style value clipping around the collection-time value (null: off; 0.2 with placement=actor).
-    value_clip: Optional[float] = None
-    # Linear + Tanh before the scalar head.
-    hidden_layer: bool = False
-    # Gradient-norm clipping of the critic (null: none, as in the reference).
-    max_grad_norm: Optional[float] = None
-
-
-@dataclass
-class ActorCriticConfig(PolicyConfig):
-    """CoLLM-CC / CoLLM-DC (arXiv 2601.21972): one trajectory per environment, TD(0) advantages from
-    a centralized (cc) or per-agent (dc) critic."""
-
-    name: str = MISSING
-    num_turns: int = 1
-    # gamma
-    discount: float = 0.9
-    # td0 (the paper's, from collection-time values) or gae
-    estimator: str = "td0"
-    gae_lambda: float = 0.95
-    # Per (agent, turn) over the batch; a group of one sample is left as is.
-    normalize_advantages: bool = True
-    # End an episode once its (shifted) turn reward reaches this value (null: horizon / task success);
-    # node_mean: once it exceeds it (comlrl's `mean(rewards) > threshold`; one joint action per turn).
-    early_termination: Optional[float] = None
-    early_termination_rule: str = "joint_action"
-    # null: no importance ratio (the paper's actor loss); a value: PPO clipping, with ppo_epochs passes.
-    clip_eps: Optional[float] = None
-    ppo_epochs: int = 1
-    # null: no gradient clipping (the reference).
-    max_grad_norm: Optional[float] = None
-    # Update granularity. Null: one actor step per policy and one step per critic per trainer step,
-    # advantages normalized per (agent, turn) over the batch. A number: comlrl's per-agent buffer of
-    # turn samples, filled trajectory by trajectory across trainer steps and drained once it holds
-    # rollout_buffer_size samples: turn by turn, advantages normalized over the turn's samples, cut
-    # into train_batch_size batches, one actor step and one step of the agent's critic (CC: the
-    # shared one) per batch (null train_batch_size: = rollout_buffer_size).
-    rollout_buffer_size: Optional[int] = None
-    train_batch_size: Optional[int] = None
-    loss_aggregation: str = "seq_sum"
-    # Tokens the actor loss scores (algos/loss_tokens.py). completion: through the first EOS;
-    # before_pad: comlrl's, the ids before the first pad token (no EOS when pad == eos).
-    loss_tokens: str = "completion"
-    learning_rate: float = 5.0e-6
-    weight_decay: float = 0.01
-    critic: CriticConfig = field(default_factory=CriticConfig)
-
-    @staticmethod
-    def check(cfg: Any) -> None:
-        a, c = cfg.algo, cfg.algo.critic
-        check_choice(cfg, "algo.estimator", ("td0", "gae"))
-        check_choice(cfg, "algo.critic.placement", ("adapter", "separate", "actor"))
-        check_choice(cfg, "algo.critic.kind", ("value", "q"))
-        check_choice(cfg, "algo.loss_tokens", ACTOR_CRITIC_LOSS_TOKENS)
-        check_value(c.placement != "actor" or a.name == "collm_dc", "algo.critic.placement",
-                    "actor (a value head on the actor's own trunk) is per agent: use algo=collm_dc")
-        check_policy_updates(a)
-        check_value(0.0 <= a.gae_lambda <= 1.0, "algo.gae_lambda", "must be in [0, 1]")
-        for key, v in (("algo.max_grad_norm", a.max_grad_norm), ("algo.critic.max_grad_norm", c.max_grad_norm),
-                       ("algo.critic.value_clip", c.value_clip)):
-            check_value(v is None or v > 0, key, "must be > 0 or null")
-        check_value(c.learning_rate > 0, "algo.critic.learning_rate", "must be > 0")
-        check_value(c.weight_decay >= 0, "algo.critic.weight_decay", "must be >= 0")
-        check_value(c.loss_coef > 0, "algo.critic.loss_coef", "must be > 0")
 
 
 @dataclass

@@ -26,9 +26,6 @@ import torch
 
 from marl_llm.rollout.base import Completion
 
-MAGRPO_LOSS_TOKENS = ("completion", "padded_row")
-ACTOR_CRITIC_LOSS_TOKENS = ("completion", "before_pad")
-
 
 def padded_rows(siblings: list[Completion], pad_id: int) -> list[Completion]:
     """comlrl's MAGRPO loss tokens of one node's samples (generated together): each completion

@@ -45,7 +45,7 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from marl_llm.registry import registrar
+from marl_llm.registry import AGGREGATIONS, POLICY_LOSSES, registrar
 
 __all__ = [
     "AGGREGATIONS",
@@ -73,7 +73,8 @@ class Surrogate(NamedTuple):
 # fn(logp [B,T], old_logp [B,T] (detached), advantages [B], clip_eps_low, clip_eps_high) -> Surrogate
 LossFn = Callable[[Tensor, Tensor, Tensor, "float | None", "float | None"], Surrogate]
 
-POLICY_LOSSES: dict[str, LossFn] = {}
+# POLICY_LOSSES and AGGREGATIONS: marl_llm.registry (the built-ins are declared in algos/schemas.py,
+# which config checks read without importing this module).
 
 
 # Register a per-token surrogate ``fn(logp, old_logp, advantages, eps_low, eps_high)``.
@@ -112,9 +113,6 @@ def ppo_clip_loss(
 # --------------------------------------------------------------------------------------------
 
 AggFn = Callable[[Tensor, Tensor], Tensor]
-
-AGGREGATIONS: dict[str, AggFn] = {}
-
 
 # Register ``fn(per_token [B, T], mask [B, T] bool) -> scalar``.
 register_aggregation = registrar(AGGREGATIONS, "aggregation")

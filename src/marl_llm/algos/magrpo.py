@@ -16,94 +16,18 @@ from __future__ import annotations
 
 import torch
 
-from dataclasses import dataclass
-from typing import Any, Optional
-
-from marl_llm.algos.advantages import (BASELINE_MIN_GROUP_SIZE, BASELINES, GROUP_BASELINES, JOINT_MODES, REWARD_LEVELS,
-                                      GroupIndex, level_matrix, normalize_then_sum, per_agent_advantages,
+from marl_llm.algos.advantages import (GroupIndex, level_matrix, normalize_then_sum, per_agent_advantages,
                                       per_agent_returns, tree_advantages, tree_level_advantages)
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.buffer import BufferedSample, SampleBuffer, step_stats
-from marl_llm.algos.loss_tokens import MAGRPO_LOSS_TOKENS, with_loss_tokens
+from marl_llm.algos.loss_tokens import with_loss_tokens
 from marl_llm.algos.losses import k3_kl
 from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
-from marl_llm.config import PolicyConfig, check_choice, check_group, check_policy_updates, check_value
+from marl_llm.algos.schemas import MAGRPOConfig  # the schema (and its checks) lives with the light ones
 from marl_llm.training.episodes import JointTree
 from marl_llm.rollout.base import Completion
 from marl_llm.rollout.decode import completion_logprobs
 from marl_llm.tasks.base import Problem
-
-
-@dataclass
-class MAGRPOConfig(PolicyConfig):
-    name: str = "magrpo"
-    # G: completions each agent samples at every node of the rollout tree.
-    num_generations: int = 4
-    # align: sample g of every agent forms joint action g (G joint actions per node).
-    # cross: Cartesian product of the agents' samples (G^N joint actions, single turn only).
-    joint_mode: str = "align"
-    # mean (MAGRPO) | rloo | max (ReMax) | raw (REINFORCE); see algos/advantages.py.
-    baseline: str = "mean"
-    # Divide advantages by the group std. With it on, all four baselines coincide.
-    normalize_advantages: bool = False
-    # sum: the advantage of the reward's total (the paper's). normalize_then_sum: GDPO's, each reward
-    # level normalized within its group, summed, the sum normalized over the step (algos/advantages.py).
-    reward_levels: str = "sum"
-    num_turns: int = 2
-    # Return of a node: r + discount * mean(children's returns).
-    discount: float = 1.0
-    # Early termination threshold on shifted rewards (null: off), applied by `early_termination_rule`:
-    # joint_action: a joint action whose reward is >= the threshold is a leaf (marl-llm's);
-    # node_mean: a node whose G rewards have a mean > the threshold expands none of them (comlrl's).
-    early_termination: Optional[float] = None
-    early_termination_rule: str = "joint_action"
-    # Update granularity. Null: one optimizer step per trainer step over the whole step's tree.
-    # A number: comlrl's per-agent buffer of node samples (a node = the G siblings of one parent),
-    # filled in rollout order across trainer steps; when it holds rollout_buffer_size nodes it is
-    # drained turn by turn, each turn's nodes shuffled and cut into train_batch_size-node batches,
-    # one optimizer step each (null train_batch_size: = rollout_buffer_size).
-    rollout_buffer_size: Optional[int] = None
-    train_batch_size: Optional[int] = None
-    # Gradient-norm clipping (null: none, as in the reference).
-    max_grad_norm: Optional[float] = 1.0
-    # seq_sum: the paper's sum of token log-probs per completion; token_mean: mean over all tokens.
-    loss_aggregation: str = "seq_sum"
-    # Tokens the loss scores (algos/loss_tokens.py). completion: each completion through its first
-    # EOS; padded_row: comlrl's, the node's generate() row (padding after EOS included) minus its
-    # last token.
-    loss_tokens: str = "completion"
-    # PPO ratio clipping (null: off, the paper's single on-policy step) and inner epochs.
-    clip_eps: Optional[float] = None
-    ppo_epochs: int = 1
-    # KL to the reference policy (the base with adapters disabled), k3 estimator.
-    kl_coef: float = 0.0
-    # reward: shape the return R' = R - kl_coef * KL (the reference's); loss: add to the loss.
-    kl_mode: str = "reward"
-
-    @staticmethod
-    def check(cfg: Any) -> None:
-        a = cfg.algo
-        check_choice(cfg, "algo.joint_mode", JOINT_MODES)
-        check_choice(cfg, "algo.baseline", BASELINES)
-        check_choice(cfg, "algo.kl_mode", ("reward", "loss"))
-        check_choice(cfg, "algo.reward_levels", REWARD_LEVELS)
-        check_value(a.reward_levels == "sum" or a.kl_coef == 0 or a.kl_mode == "loss", "algo.reward_levels",
-                    "normalize_then_sum normalizes the task's reward levels, and a KL that shapes the reward is none "
-                    "of them: set algo.kl_mode=loss (or algo.reward_levels=sum)")
-        check_choice(cfg, "algo.loss_tokens", MAGRPO_LOSS_TOKENS)
-        check_value(a.num_generations >= 1, "algo.num_generations", "must be >= 1")
-        need = max(BASELINE_MIN_GROUP_SIZE[a.baseline], 2 if a.baseline in GROUP_BASELINES else 1)
-        check_value(a.num_generations >= need, "algo.num_generations",
-                    f"G={a.num_generations} < {need} leaves no group for baseline={a.baseline!r}: use G >= {need}"
-                    + (" or algo.baseline=raw" if "raw" in BASELINES else ""))
-        check_policy_updates(a)
-        check_group(cfg, "algo.num_generations", a.num_turns, tree=True)
-        check_value(a.joint_mode == "align" or a.num_turns == 1, "algo.joint_mode",
-                    "cross is single-turn (G^N joint actions per node): set algo.num_turns=1 or algo.joint_mode=align")
-        check_value(a.max_grad_norm is None or a.max_grad_norm > 0, "algo.max_grad_norm", "must be > 0 or null")
-        check_value(a.rollout_buffer_size is None or a.joint_mode == "align", "algo.rollout_buffer_size",
-                    "the node buffer is for align trees: set algo.joint_mode=align or algo.rollout_buffer_size=null")
-        check_value(a.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
 
 
 @register_algorithm("magrpo", schema=MAGRPOConfig)

@@ -228,6 +228,22 @@ def main(argv: list[str] | None = None) -> int:
         from marl_llm.bench.reward_hacks import main as reward_hacks_main
 
         return reward_hacks_main(words[1:])
+    if words[:1] == ["cli"]:  # the console script's latency for --cfg job, --help, config errors: bench/cli_latency.py
+        from marl_llm.bench.cli_latency import main as cli_main
+
+        return cli_main(words[1:])
+    if words[:1] == ["threads"]:  # debug=tiny with 1 thread, every core and auto: bench/threads.py
+        from marl_llm.bench.threads import main as threads_main
+
+        return threads_main(words[1:])
+    from marl_llm.extras import install_line, missing
+
+    absent = missing("bench")
+    if absent and not {"-h", "--help"} & set(words):
+        print(f"error: marl-llm-bench runs marl-llm against comlrl and trl and plots with matplotlib; "
+              f"{', '.join(absent)} {'is' if len(absent) == 1 else 'are'} not installed: {install_line('bench')} "
+              "(marl-llm-bench cli, threads, sandbox, reward-hacks and collm-cost need no extra)", file=sys.stderr)
+        return 2
     ap = argparse.ArgumentParser(prog="python -m marl_llm.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="embedded", help="embedded (SmolLM2-135M) or a local HF checkpoint dir")
     ap.add_argument("--out", default="results", help="where bench.md, bench.json and the figures go")

@@ -4,13 +4,15 @@ leaving the run as it was.
     marl-llm-eval <run_dir>                                  # the run's own evaluation, again
     marl-llm-eval <run_dir> task=coophumaneval trainer.eval_max_problems=null
     marl-llm-eval <run_dir> --split train                    # the task's training split
+    marl-llm-eval <run_dir> --step 20                        # the agents of step 20 (trainer.history_every)
     marl-llm-eval <run_dir> 'task.data.eval_split="test[:8]"' trainer.eval_num_samples=10 'trainer.eval_k=[1,5]'
 
 The config is the run's config.yaml with the overrides on top: `task=<option>` swaps the task
 section for that option's defaults, dotted keys set values (checked against the schemas, as
 `marl-llm` checks them). A task whose agents have other names gets the run's agents by position.
 The weights come from the run's agents/ export or its checkpoint, whichever is newer (--weights
-picks one); both are only read. The results go to a new directory, <run_dir>/evals/<time>/ or
+picks one), or with --step N from the agents of step N, kept in its history (checkpoints/
+checkpoint-N/, trainer.history_every) or in agents/ when that export is of step N; all are only read. The results go to a new directory, <run_dir>/evals/<time>/ or
 --out: metrics.json (with the overrides and where the weights came from), overrides.yaml,
 config.yaml (what was evaluated) and samples.jsonl. checkpoint.pt, config.yaml and the run's logs
 are never written.
@@ -46,6 +48,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "'task.data.eval_split=\"test[:8]\"' trainer.eval_max_problems=null model.device=cpu")
     parser.add_argument("--weights", choices=("auto", "agents", "checkpoint"), default="auto",
                         help="agents/ (the export) or checkpoint.pt; auto: whichever was written last")
+    parser.add_argument("--step", type=int, default=None,
+                        help="the agents of this training step: <run_dir>/checkpoints/checkpoint-<step>/ (kept with "
+                             "trainer.history_every) or agents/ when it is of that step")
     parser.add_argument("--split", choices=("eval", "train"), default="eval",
                         help="the task's split to evaluate on (train: task.data.train_split)")
     parser.add_argument("--out", help="write the results here (a new directory) instead of <run_dir>/evals/<time>/")
@@ -228,12 +233,13 @@ def load_checkpoint_weights(policies: Any, ckpt: dict[str, Any], source_agent: l
 # ------------------------------------------------------------------------------------ evaluate
 def evaluate_run(args: argparse.Namespace) -> Path:
     """Evaluate and write the results; returns their directory."""
-    from marl_llm.runs.export import AGENTS_DIR, read_manifest
+    from marl_llm.runs.export import AGENTS_DIR, agents_of_step, read_manifest
 
     run_dir = Path(args.run_dir)
-    source = weights_source(run_dir, args.weights)
+    source = weights_source(run_dir, args.weights) if args.step is None else _step_source(run_dir, args.weights)
     run_cfg = _load_yaml(run_dir / "config.yaml")
-    manifest = read_manifest(run_dir / AGENTS_DIR) if source == "agents" else None
+    agents_dir = run_dir / AGENTS_DIR if args.step is None else agents_of_step(run_dir, args.step)
+    manifest = read_manifest(agents_dir) if source == "agents" else None
     out_dir = Path(args.out) if args.out else run_dir / EVALS_DIR / datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
     cfg = eval_config(run_cfg, list(args.overrides), args.split, out_dir.absolute())
     task, source_agent = agent_map(cfg, run_cfg, [a["name"] for a in manifest["agents"]] if manifest else None)
@@ -248,7 +254,7 @@ def evaluate_run(args: argparse.Namespace) -> Path:
     except OSError as err:
         raise UserError(f"cannot create {out_dir} ({err.strerror}): pass --out <a directory you can write>") from None
     try:
-        return _evaluate(cfg, args, run_dir, source, manifest, task, source_agent, out_dir)
+        return _evaluate(cfg, args, run_dir, agents_dir, source, manifest, task, source_agent, out_dir)
     except BaseException:
         # A failed evaluation leaves no empty dir behind (nor an empty evals/ in the run dir).
         for made in (out_dir,) if args.out else (out_dir, out_dir.parent):
@@ -259,11 +265,21 @@ def evaluate_run(args: argparse.Namespace) -> Path:
         raise
 
 
-def _evaluate(cfg: DictConfig, args: argparse.Namespace, run_dir: Path, source: str, manifest: dict | None, task: Any,
-              source_agent: list[str], out_dir: Path) -> Path:
+def _step_source(run_dir: Path, choice: str) -> str:
+    """--step N evaluates exported agents (the checkpoint holds the last step only)."""
+    if choice == "checkpoint":
+        raise UserError("--step evaluates the agents exported at that step; the checkpoint holds only the last one: "
+                        "drop --weights checkpoint (or --step)")
+    if not (run_dir / "config.yaml").is_file():
+        weights_source(run_dir, "auto")  # its one line: no run dir, or no config.yaml
+    return "agents"
+
+
+def _evaluate(cfg: DictConfig, args: argparse.Namespace, run_dir: Path, agents_dir: Path, source: str,
+              manifest: dict | None, task: Any, source_agent: list[str], out_dir: Path) -> Path:
     from marl_llm.runs.checkpoint import read_checkpoint
     from marl_llm.training.evaluation import evaluate
-    from marl_llm.runs.export import AGENTS_DIR, load_agents
+    from marl_llm.runs.export import load_agents
     from marl_llm.training.console import format_metrics
     from marl_llm.training.setup import build, quiet_libraries, seed_everything
 
@@ -276,8 +292,8 @@ def _evaluate(cfg: DictConfig, args: argparse.Namespace, run_dir: Path, source: 
     run = build(cfg, task=task)
     try:
         if source == "agents":
-            load_agents(run.policies, run_dir / AGENTS_DIR, manifest, source_agent)
-            weights = {"source": "agents", "path": str((run_dir / AGENTS_DIR).absolute()), "step": manifest["step"]}
+            load_agents(run.policies, agents_dir, manifest, source_agent)
+            weights = {"source": "agents", "path": str(agents_dir.absolute()), "step": manifest["step"]}
         else:
             ckpt = read_checkpoint(run_dir)
             if ckpt is None:  # removed since weights_source looked
@@ -299,7 +315,7 @@ def _evaluate(cfg: DictConfig, args: argparse.Namespace, run_dir: Path, source: 
     result = {"metrics": metrics, "run_dir": str(run_dir.absolute()), "weights": weights, "task": str(cfg.task.name),
               "data": data, "eval_problems": len(run.eval_set),
               "agents": dict(zip(task.agent_names, source_agent)), "overrides": overrides,
-              "options": {"weights": args.weights, "split": args.split},
+              "options": {"weights": args.weights, "split": args.split, "step": args.step},
               "time": datetime.now().astimezone().isoformat(timespec="seconds"),
               "wall_s": time.perf_counter() - t0}
     atomic_write_text(out_dir / "samples.jsonl", "".join(json.dumps(r, default=str) + "\n" for r in rows))

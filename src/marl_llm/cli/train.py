@@ -19,8 +19,8 @@ from omegaconf import DictConfig
 
 from marl_llm.config import TrainerConfig, UserError
 from marl_llm.config_keys import walk_key
-from marl_llm.configure import (config_dir, default_dir_pattern, default_run_dir, map_overrides, option_schemas,
-                               plugin_overrides, plugins_from_overrides, register_configs, validate)
+from marl_llm.configure import (add_overrides, config_dir, default_dir_pattern, default_run_dir, map_overrides,
+                               option_schemas, plugin_overrides, plugins_from_overrides, register_configs, validate)
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
@@ -123,9 +123,9 @@ def rank_overrides(args: list[str]) -> list[str]:
     if any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") or a.startswith(("--cfg", "--info"))
            for a in args):
         return []
-    from marl_llm.distributed import data_parallel as distributed
+    from marl_llm.distributed.world import launched_world_size
 
-    if distributed.launched_world_size() <= 1:
+    if launched_world_size() <= 1:
         return []
     if any(a in ("-m", "--multirun") for a in args):
         raise UserError("a sweep (-m) runs its jobs through hydra/launcher, never inside torchrun/accelerate launch: "
@@ -134,6 +134,8 @@ def rank_overrides(args: list[str]) -> list[str]:
     timeout = next((float(a.split("=", 1)[1]) for a in args if a.startswith("trainer.distributed_timeout_min=")),
                    TrainerConfig.distributed_timeout_min)
     import torch
+
+    from marl_llm.distributed import data_parallel as distributed
 
     cpu = "model.device=cpu" in args or not torch.cuda.is_available()
     w = distributed.init(timeout, cpu=cpu)
@@ -315,10 +317,14 @@ def _main() -> None:
     try:
         run_dir_check(sys.argv[1:])
         named_dir_check(sys.argv[1:])  # every rank, before rank_overrides' first collective
-        sys.argv[1:] += rank_overrides(sys.argv[1:])
+        sys.argv[1:] = add_overrides(sys.argv[1:], rank_overrides(sys.argv[1:]))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    if any(a in ("-m", "--multirun") for a in sys.argv[1:]):
+        from marl_llm.cli.submitit_logs import quiet_submitit
+
+        quiet_submitit()  # a SLURM sweep's sacct failure: one line, once
     _hydra_main()
 
 

@@ -26,58 +26,26 @@ passes serve the others' (`before_collectives`).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import torch
 
+# The process's place in the world lives in a light module (config checks and tasks read it
+# without torch); re-exported here, where the collectives are.
+from marl_llm.distributed.world import World, export_submitit_env, launched_world_size, set_world, world
+
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class World:
-    rank: int = 0
-    size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-_WORLD = World()
-
-
-def world() -> World:
-    return _WORLD
-
-
-def export_submitit_env() -> None:
-    """Inside a SLURM/submitit job with several tasks (one per GPU), export the torch.distributed
-    variables (RANK, WORLD_SIZE, MASTER_ADDR, ...) that torchrun would have set."""
-    if "RANK" in os.environ or "SUBMITIT_EXECUTOR" not in os.environ:
-        return
-    try:
-        import submitit
-    except ImportError:
-        return
-    if submitit.JobEnvironment().num_tasks > 1:
-        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-
-
-def launched_world_size() -> int:
-    """How many processes the launcher started (1 when none)."""
-    export_submitit_env()
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def init(timeout_min: float, cpu: bool | None = None) -> World:
     """Join the launcher's process group (idempotent); a single process stays World(0, 1, 0).
     `timeout_min` bounds how long ranks wait for rank 0's evaluations and checkpoints."""
-    global _WORLD
-    if _WORLD.size > 1 or launched_world_size() <= 1:
-        return _WORLD
+    if world().size > 1 or launched_world_size() <= 1:
+        return world()
+    from marl_llm.extras import require
+
+    require("distributed", f"a run of {launched_world_size()} data-parallel processes")
     from accelerate import PartialState
 
     if cpu is None:
@@ -90,8 +58,7 @@ def init(timeout_min: float, cpu: bool | None = None) -> World:
     if state.num_processes > 1 and not cpu:
         # "cuda" means this rank's GPU from here on.
         torch.cuda.set_device(cuda_index(state.local_process_index, torch.cuda.device_count()))
-    _WORLD = World(state.process_index, state.num_processes, state.local_process_index)
-    return _WORLD
+    return set_world(World(state.process_index, state.num_processes, state.local_process_index))
 
 
 def cuda_index(local_rank: int, visible: int) -> int:
@@ -110,7 +77,7 @@ def cuda_index(local_rank: int, visible: int) -> int:
 
 def shard(items: Sequence[T], w: World | None = None) -> list[T]:
     """This rank's contiguous share of a global batch (sizes differ by at most one)."""
-    w = w or _WORLD
+    w = w or world()
     n = len(items)
     return list(items[w.rank * n // w.size:(w.rank + 1) * n // w.size])
 
@@ -147,7 +114,7 @@ def sync_gradients(params: Iterable[torch.Tensor], weight: float) -> float:
     the whole batch. A parameter without a gradient counts as zero. One all-reduce of a float32
     buffer [sum of numels + 1]. Returns the global weight (this rank's weight on one process)."""
     params = list(params)
-    if _WORLD.size == 1:
+    if world().size == 1:
         return weight
     settle()
     device = params[0].device
@@ -168,7 +135,7 @@ def sync_gradients(params: Iterable[torch.Tensor], weight: float) -> float:
 
 def all_sum(value: float) -> float:
     """The sum of a number over ranks (the value itself on one process)."""
-    if _WORLD.size == 1:
+    if world().size == 1:
         return value
     settle()
     t = torch.tensor([float(value)], dtype=torch.float64)
@@ -181,7 +148,7 @@ def all_sum(value: float) -> float:
 def broadcast_parameters(params: Iterable[torch.Tensor]) -> None:
     """Copy rank 0's values of these parameters to every rank (they start identical anyway, being
     seeded alike; this makes it hold whatever the launcher or filesystem did)."""
-    if _WORLD.size == 1:
+    if world().size == 1:
         return
     settle()
     with torch.no_grad():
@@ -191,7 +158,7 @@ def broadcast_parameters(params: Iterable[torch.Tensor]) -> None:
 
 def broadcast_object(obj: Any) -> Any:
     """Rank 0's value of a picklable object, on every rank."""
-    if _WORLD.size == 1:
+    if world().size == 1:
         return obj
     settle()
     box = [obj]
@@ -201,16 +168,16 @@ def broadcast_object(obj: Any) -> Any:
 
 def gather_objects(obj: Any) -> list[Any]:
     """Every rank's object, in rank order, on every rank."""
-    if _WORLD.size == 1:
+    if world().size == 1:
         return [obj]
     settle()
-    out: list[Any] = [None] * _WORLD.size
+    out: list[Any] = [None] * world().size
     _dist().all_gather_object(out, obj)
     return out
 
 
 def barrier() -> None:
-    if _WORLD.size > 1:
+    if world().size > 1:
         settle()
         _dist().barrier()
 
@@ -231,7 +198,7 @@ def _combine(key: str, values: list[float]) -> float:
 
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """A step's metrics over all ranks (every rank gets the same dict)."""
-    if _WORLD.size == 1:
+    if world().size == 1:
         return metrics
     per_rank = gather_objects(metrics)
     keys = list(dict.fromkeys(k for m in per_rank for k in m))
@@ -239,8 +206,7 @@ def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def shutdown() -> None:
-    global _WORLD
-    if _WORLD.size > 1 and _dist().is_initialized():
+    if world().size > 1 and _dist().is_initialized():
         _dist().destroy_process_group()
-    _WORLD = World()
+    set_world(World())
     _BEFORE_COLLECTIVES.clear()

@@ -26,6 +26,9 @@ def path(name: str) -> str:
 
 
 def load(name: str, config_name: str | None = None, **kwargs: Any):
+    from marl_llm.extras import require
+
+    require("metrics", "the evaluate metric modules")
     import evaluate
 
     return evaluate.load(path(name), config_name, **kwargs)

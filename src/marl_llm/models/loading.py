@@ -93,7 +93,9 @@ def embedded_checkpoint() -> Path:
     target = cache_dir() / "models" / f"smollm2-135m-instruct-{version}"
     if (target / "config.json").is_file():
         return target
+    from marl_llm.extras import require
 
+    require("embedded", f"converting the embedded model (once, into {target})")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target.parent.mkdir(parents=True, exist_ok=True)

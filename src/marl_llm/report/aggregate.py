@@ -87,7 +87,8 @@ def aggregate(runs: Sequence[Run], group_by: Sequence[str] | None = None,
     Per group: ``runs``, ``n``, ``config`` (its values of the grouping keys), ``merged`` (keys that
     differ inside it), ``steps`` (sorted distinct), ``final`` (``{key: {"mean", "std", "count"}}``, std
     None for one run), ``headline`` (``{"metric", "iqm", "ci_low", "ci_high", "count", "values"}``),
-    ``delta``, ``wall_s`` and ``joint_actions`` (same shape as final's or None), ``eval_only``,
+    ``delta``, ``wall_s`` and ``joint_actions`` (same shape as final's or None), ``eval_problems``
+    (the distinct numbers of problems the runs evaluated on, from summary.json), ``eval_only``,
     ``train_curve`` and ``eval_curve`` (lists of ``{"step", "mean", "std", "count"[, "budget"]}``).
     Raises UserError for a ``group_by`` group that mixes data/model/task settings (unless allow_mixed).
     """
@@ -116,6 +117,10 @@ def aggregate(runs: Sequence[Run], group_by: Sequence[str] | None = None,
             # The training budget in joint actions (matched-budget comparisons); runs that log it.
             spent = [_budgets(r) for r in rs]
             budgets = [b[max(b)] for b in spent if b is not None]
+            # Problems each run evaluated on (summary.json; older runs do not say): the headline's
+            # interval is over runs, and says nothing of how few problems each value comes from.
+            problems = sorted({int(r.summary["eval_problems"]) for r in rs
+                               if isinstance(r.summary.get("eval_problems"), int)})
             methods[label] = {
                 "runs": rs,
                 "n": len(rs),
@@ -127,6 +132,7 @@ def aggregate(runs: Sequence[Run], group_by: Sequence[str] | None = None,
                 "delta": _stat(deltas),
                 "wall_s": _stat(walls),
                 "joint_actions": _stat(budgets),
+                "eval_problems": problems,
                 "eval_only": all(r.eval_only for r in rs),
                 "train_curve": _curve([r.train for r in rs], "train/reward", spent),
                 "eval_curve": _curve([r.eval for r in rs], "eval/reward", spent),

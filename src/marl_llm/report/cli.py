@@ -53,10 +53,11 @@ from pathlib import Path
 from typing import Sequence
 
 from marl_llm.config import UserError
+from marl_llm.extras import install_line, missing
 from marl_llm.report.aggregate import aggregate
 from marl_llm.report.grouping import parse_group_by
 from marl_llm.report.plots import plot_eval_reward, plot_final, plot_train_reward
-from marl_llm.report.runs import RUN_REQUIREMENTS, Run, find_runs
+from marl_llm.report.runs import RUN_REQUIREMENTS, Run, find_runs, warn
 from marl_llm.report.tables import FORMATS, RENDERERS, parse_formats, render_markdown
 from marl_llm.runs.atomic import atomic_write_text
 
@@ -83,6 +84,10 @@ def write_report(runs: Sequence[Run], out_dir: str | os.PathLike[str], commands:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=not exclusive)
     written: list[Path] = []
+    no_plots = missing("report")
+    if no_plots:  # the tables need no matplotlib; say once why there are no figures
+        warn(f"no plots: marl-llm-report draws them with {', '.join(no_plots)}, which is not installed: "
+             f"{install_line('report')}")
     for task, agg in aggs.items():
         name = _safe_name(task)
         for fmt in formats:
@@ -90,9 +95,9 @@ def write_report(runs: Sequence[Run], out_dir: str | os.PathLike[str], commands:
             text = render_markdown(task, agg, commands) if fmt == "md" else RENDERERS[fmt](task, agg)
             atomic_write_text(path, text)
             written.append(path)
-        for kind, plot, what in (("train_reward", plot_train_reward, "train/reward rows"),
-                                 ("eval_reward", plot_eval_reward, "eval/reward rows"),
-                                 ("final", plot_final, "final eval metrics")):
+        for kind, plot, what in () if no_plots else (("train_reward", plot_train_reward, "train/reward rows"),
+                                                     ("eval_reward", plot_eval_reward, "eval/reward rows"),
+                                                     ("final", plot_final, "final eval metrics")):
             png = out / f"{name}_{kind}.png"
             if plot(task, agg, png):
                 written.append(png)

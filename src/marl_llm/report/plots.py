@@ -1,6 +1,7 @@
 """Every figure of a report (matplotlib, headless): the training-reward curve, the held-out eval
 reward per eval step, and the dot-and-interval chart of the headline metric; a group's colour, dashes
-and marker follow from its label alone."""
+and marker follow from its label alone. Figures grow to hold their legend and labels (many groups:
+the legend beside the axes, in columns); groups evaluated at the same step are drawn side by side."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from marl_llm.report.aggregate import metric_header
 from marl_llm.report.stats import CI_LEVEL
+from marl_llm.report.tables import eval_problems_text
 from marl_llm.runs.atomic import atomic_write
 
 _LINESTYLES = ("-", "--", "-.", ":")
@@ -43,9 +45,27 @@ def _pyplot():
     return plt
 
 
+# Legend entries that fit inside the axes; more go beside them, this many per column.
+_LEGEND_INSIDE = 4
+_LEGEND_ROWS = 16
+
+
 def _save_fig(fig: Any, path: Path) -> None:
-    # No "Software" metadata: the PNG bytes then do not change with the matplotlib version.
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120, metadata={"Software": None}))
+    # No "Software" metadata: the PNG bytes then do not change with the matplotlib version. "tight":
+    # the saved image grows to hold a legend beside the axes and long tick labels, instead of cutting them.
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120, metadata={"Software": None},
+                                               bbox_inches="tight", pad_inches=0.1))
+
+
+def place_legend(ax: Any) -> None:
+    """Inside the axes for a few groups; beside them (right, in columns of _LEGEND_ROWS) for more,
+    where it would cover the data or run off the figure."""
+    n = len(ax.get_legend_handles_labels()[1])
+    if n <= _LEGEND_INSIDE:
+        ax.legend()
+    else:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small",
+                  ncol=math.ceil(n / _LEGEND_ROWS))
 
 
 @contextmanager
@@ -59,7 +79,7 @@ def _figure(path: Path, title: str, ylabel: str, size: tuple[float, float] = (7,
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         if legend:
-            ax.legend()
+            place_legend(ax)
         fig.tight_layout()
         _save_fig(fig, path)
     finally:
@@ -106,47 +126,64 @@ def draw_train_reward(ax: Any, agg: dict[str, Any]) -> bool:
     return True
 
 
+def dodge(groups: int, xs: list[float]) -> list[float]:
+    """x offsets of `groups` groups drawn at the same x values, side by side around each: together
+    they span at most 40% of the smallest gap between the x values (1 when there is one)."""
+    distinct = sorted(set(xs))
+    gap = min((b - a for a, b in zip(distinct, distinct[1:])), default=max(distinct[-1] if distinct else 1.0, 1.0))
+    width = 0.4 * gap / max(groups - 1, 1)
+    return [(i - (groups - 1) / 2) * width for i in range(groups)]
+
+
 def draw_eval_reward(ax: Any, agg: dict[str, Any]) -> bool:
     """eval/reward at each eval step: points with ± std bars, never joined (nothing was measured between
-    two evaluations); evaluation-only groups as a dashed level from their step-0 point."""
+    two evaluations), the groups side by side around each step (dodged) so that none hides another;
+    evaluation-only groups as a dashed level from their step-0 point."""
     methods = {m: a for m, a in agg["methods"].items() if a["eval_curve"]}
     if not methods:
         return False
     trained = [a["eval_curve"] for a in methods.values() if not a["eval_only"]]
     x, xlabel = _x_axis(trained)
     max_x = max((p[x] for c in trained for p in c), default=0)
-    for method, a in methods.items():
+    offsets = dodge(len(methods), [0.0, *(p[x] for c in trained for p in c)])
+    for (method, a), offset in zip(methods.items(), offsets):
         style = group_style(method)
         label = f"{method} (n={a['n']})"
         if a["eval_only"]:
             p = a["eval_curve"][0]
             ax.axhline(p["mean"], color=style["color"], linestyle="--", linewidth=1.2, label=f"{label}, no training")
-            ax.errorbar([0], [p["mean"]], yerr=[p["std"] or 0.0], color=style["color"], marker=style["marker"],
+            ax.errorbar([offset], [p["mean"]], yerr=[p["std"] or 0.0], color=style["color"], marker=style["marker"],
                         linestyle="none", capsize=3)
         else:
-            ax.errorbar([p[x] for p in a["eval_curve"]], [p["mean"] for p in a["eval_curve"]],
+            ax.errorbar([p[x] + offset for p in a["eval_curve"]], [p["mean"] for p in a["eval_curve"]],
                         yerr=[p["std"] or 0.0 for p in a["eval_curve"]], color=style["color"],
                         marker=style["marker"], linestyle="none", capsize=3, label=label)
-    ax.set_xlim(-0.05 * max(max_x, 1), max(max_x, 1) * 1.05)
+    spread = max(abs(o) for o in offsets)
+    ax.set_xlim(min(-0.05 * max(max_x, 1), -1.5 * spread), max(max_x, 1) * 1.05 + spread)
     _integer_x(ax, xlabel)
     return True
 
 
 def draw_final(ax: Any, agg: dict[str, Any]) -> bool:
     """Dot-and-interval chart of the headline metric: one row per group with its IQM (filled marker),
-    bootstrap CI (bar) and each run (hollow markers); matched-budget groups no longer stack at one x."""
+    bootstrap CI (bar) and each run (hollow markers, spread a little up and down the row so that runs
+    with the same value stay visible); matched-budget groups no longer stack at one x. A row's label
+    says its runs and the problems each run evaluated on."""
     groups = [(m, a) for m, a in agg["methods"].items() if a["headline"]]
     if not groups:
         return False
     for i, (method, a) in enumerate(groups):
         y, head, style = len(groups) - 1 - i, a["headline"], group_style(method)
-        ax.plot(head["values"], [y] * len(head["values"]), linestyle="none", marker=style["marker"],
+        k = len(head["values"])
+        spread = [y + (j - (k - 1) / 2) * (0.3 / max(k - 1, 1)) for j in range(k)]
+        ax.plot(head["values"], spread, linestyle="none", marker=style["marker"],
                 markerfacecolor="none", color=style["color"], alpha=0.7, markersize=6)
         if head["ci_low"] is not None:
             ax.hlines(y, head["ci_low"], head["ci_high"], colors=[style["color"]], linewidth=2.5)
         ax.plot([head["iqm"]], [y], linestyle="none", marker=style["marker"], color=style["color"], markersize=9)
     ax.set_yticks(range(len(groups)))
-    ax.set_yticklabels([f"{m} (n={a['n']})" for m, a in reversed(groups)])
+    ax.set_yticklabels([f"{m} (n={a['n']}, {eval_problems_text(a['eval_problems'])} eval problems)"
+                        for m, a in reversed(groups)])
     ax.set_ylim(-0.6, len(groups) - 0.4)
     ax.set_xlabel(f"{metric_header(agg['headline'])} at each run's final evaluation")
     return True

@@ -42,6 +42,12 @@ def _ci_cell(head: dict[str, Any] | None, n: int, fmt: str = ".3f") -> str:
     return _of_n(f"{_num(head['iqm'], fmt)} [{ci}]", head["count"], n)
 
 
+def eval_problems_text(problems: Sequence[int]) -> str:
+    """The problems each run of a group evaluated on: "16", "1/16" when the runs differ, "?" when
+    no run says (runs written before summary.json had eval_problems)."""
+    return "/".join(str(p) for p in problems) or "?"
+
+
 def _esc(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -83,13 +89,13 @@ def render_markdown(task: str, agg: dict[str, Any], commands: str | None = None)
         lines.append("")
     budget = any(m["joint_actions"] for m in methods.values())
     header = ["method", "n", "steps", *(["joint actions"] if budget else []),
-              *([f"{metric_header(head)} IQM [{CI_LEVEL:.0%} CI]"] if head else []),
+              *([f"{metric_header(head)} IQM [{CI_LEVEL:.0%} CI]", "eval problems"] if head else []),
               *(metric_header(c) for c in cols), "Δ vs step 0", "train time (s)"]
     lines += ["| " + " | ".join(_esc(h) for h in header) + " |", "|" + "---|" * len(header)]
     for method, m in methods.items():
         steps = "/".join(str(s) for s in m["steps"]) or MISSING
         cells = [_esc(method), str(m["n"]), steps, *([_cell(m["joint_actions"], m["n"], ".0f")] if budget else []),
-                 *([_ci_cell(m["headline"], m["n"])] if head else []),
+                 *([_ci_cell(m["headline"], m["n"]), eval_problems_text(m["eval_problems"])] if head else []),
                  *(_cell(m["final"].get(c), m["n"]) for c in cols),
                  _cell(m["delta"], m["n"]), _cell(m["wall_s"], m["n"], ".1f")]
         lines.append("| " + " | ".join(cells) + " |")
@@ -113,7 +119,10 @@ def render_markdown(task: str, agg: dict[str, Any], commands: str | None = None)
         *(["- **joint actions**: joint actions scored in training (the sum of `train/joint_actions`), the budget "
            "of a matched-budget comparison."] if budget else []),
         *([f"- **{metric_header(head)} IQM [{CI_LEVEL:.0%} CI]**: the interquartile mean over the group's runs and its "
-           f"bootstrap confidence interval (above); {NA} for one run."] if head else []),
+           f"bootstrap confidence interval (above); {NA} for one run. The interval is over runs only: "
+           "**eval problems** says how many held-out problems each run's value comes from (`a/b`: the runs "
+           "differ; `?`: not recorded). On few problems a run's value is coarse, and runs that agree give a "
+           "narrow interval that says nothing about other problems."] if head else []),
         "- Metric columns: held-out `eval/*` metrics from the eval row with the largest step of each run, "
         f"as mean ± sample std over runs ({NA} for one run). `eval/reward` is the joint team reward; level "
         "columns are `eval/rewards/<level>/mean`; `pass@k` is the functional pass rate.",
@@ -136,7 +145,7 @@ def render_csv(task: str, agg: dict[str, Any]) -> str:
     """One row per group: its config values, the headline IQM and CI, and mean/std/count of each metric."""
     cols, head, methods = agg["columns"], agg["headline"], agg["methods"]
     config_keys = list(agg["grouped_by"])
-    header = ["task", "method", "n", "seeds", "steps", *(f"config:{k}" for k in config_keys),
+    header = ["task", "method", "n", "seeds", "steps", "eval_problems", *(f"config:{k}" for k in config_keys),
               "joint_actions_mean", "joint_actions_std"]
     if head:
         header += [f"{head}_iqm", f"{head}_ci_low", f"{head}_ci_high", "ci_level", "ci_resamples", "ci_method"]
@@ -147,7 +156,7 @@ def render_csv(task: str, agg: dict[str, Any]) -> str:
     writer.writerow(header)
     for label, m in methods.items():
         row = [task, label, m["n"], " ".join(str(r.seed) for r in m["runs"] if r.seed is not None),
-               "/".join(str(s) for s in m["steps"]),
+               "/".join(str(s) for s in m["steps"]), " ".join(str(p) for p in m["eval_problems"]),
                *(show_value(m["config"][k]) if k in m["config"] else "" for k in config_keys),
                *((_csv_num(m["joint_actions"]["mean"]), _csv_num(m["joint_actions"]["std"]))
                  if m["joint_actions"] else ("", ""))]
@@ -168,7 +177,8 @@ def render_json(task: str, agg: dict[str, Any]) -> str:
         groups.append({
             "label": label, "n": m["n"], "seeds": [r.seed for r in m["runs"]],
             "runs": [r.display_path for r in m["runs"]], "config": m["config"], "merged": m["merged"],
-            "steps": m["steps"], "eval_only": m["eval_only"], "headline": m["headline"], "final": m["final"],
+            "steps": m["steps"], "eval_problems": m["eval_problems"], "eval_only": m["eval_only"],
+            "headline": m["headline"], "final": m["final"],
             "delta": m["delta"], "wall_s": m["wall_s"], "joint_actions": m["joint_actions"],
             "train_curve": m["train_curve"], "eval_curve": m["eval_curve"],
         })

@@ -8,11 +8,12 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:  # annotations only: the task modules that import this stay light (no torch)
+    import torch
 
-from marl_llm.rollout.sampling import SamplingParams
+    from marl_llm.rollout.sampling import SamplingParams
 
 # Progress events for whoever watches the run (the console's progress, training.console.Watch, which lists
 # them): debug records of a logger that nothing prints, enabled only while watched. Other modules

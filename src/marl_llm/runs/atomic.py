@@ -31,7 +31,7 @@ def atomic_write(path: Path, write: Callable[[str], object],
     try:
         write(tmp)
         # mkstemp makes the file private (0600); give it the permissions a plain open() would.
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~umask())
         fsync_file(tmp)
         with interrupts_deferred():
             if before_replace is not None:
@@ -90,7 +90,8 @@ def interrupts_deferred() -> Iterator[None]:
             previous(*caught[0])
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process's umask (reading it means setting it: set straight back)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -215,6 +215,7 @@ FREE_ON_RESUME = (
     "model.device", "model.attn_implementation",
     "model.name",  # a label (runs from before model=local was named after its checkpoint dir)
     "trainer.export_agents", "trainer.export_with_checkpoints",  # what is written at the end, not how it trains
+    "trainer.history_every", "trainer.history_keep",  # the agents kept along the way (export.export_history)
     "trainer.threads", "trainer.progress", "trainer.progress_every_s",  # speed and console only
     "task.sandbox.workers", "task.sandbox.isolation",  # how programs are run, not what they score
 )

@@ -17,6 +17,10 @@ Written into a temp sibling first and renamed into place: a reader (or a kill) f
 export or the new one, never half of one (a kill between the two renames leaves the previous one
 as `.agents.old-*`; the next export clears such leftovers).
 
+With trainer.history_every, the same export is also kept along the way, as Hugging Face's
+`checkpoint-N` dirs: `<run_dir>/checkpoints/checkpoint-<step>/` (agents.json and the policy dirs),
+the trainer.history_keep newest (`export_history`); `marl-llm-eval <run_dir> --step N` evaluates one.
+
 `load_agents` is the way back (marl-llm-eval): exported tensors into a team's AgentPolicies.
 """
 
@@ -34,9 +38,11 @@ from typing import Any
 import torch
 
 from marl_llm.config import UserError
+from marl_llm.runs.atomic import umask
 from marl_llm.models.policies import AgentPolicies, lora_weights
 
 AGENTS_DIR = "agents"
+HISTORY_DIR = "checkpoints"
 MANIFEST = "agents.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # What makes each kind of export loadable, checked before an export is read back.
@@ -63,16 +69,17 @@ def policy_dirs(policies: AgentPolicies) -> dict[tuple[int, str], str]:
     return names
 
 
-def export_agents(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int) -> Path:
-    """Write every trained policy to <run_dir>/agents/ (replacing an earlier export, atomically);
-    returns that directory."""
+def export_agents(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int, target: Path | None = None) -> Path:
+    """Write every trained policy to <run_dir>/agents/ (or `target`), replacing an earlier export
+    atomically; returns that directory."""
     run_dir = Path(run_dir)
-    target = run_dir / AGENTS_DIR
-    for leftover in run_dir.glob(f".{AGENTS_DIR}.*"):  # a killed export's temp or set-aside dir
+    target = run_dir / AGENTS_DIR if target is None else Path(target)
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    for leftover in parent.glob(f".{target.name}.*"):  # a killed export's temp or set-aside dir
         shutil.rmtree(leftover, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{AGENTS_DIR}.tmp-", dir=run_dir))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=parent))
     try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the agents from other users
         dirs = policy_dirs(policies)
         state = None if policies.full else policies.adapter_state()
         for (k, adapter), name in dirs.items():
@@ -93,16 +100,62 @@ def export_agents(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int) -
             "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
-        old = None
-        if target.exists():
-            old = run_dir / f".{AGENTS_DIR}.old-{os.getpid()}-{time.time_ns()}"
-            os.rename(target, old)
+        follow_umask(tmp)
+        old = _set_aside(target) if target.exists() else None
         os.rename(tmp, target)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _set_aside(directory: Path) -> Path:
+    """Rename `directory` to a hidden sibling (a reader never sees it half removed); returns that."""
+    aside = directory.with_name(f".{directory.name}.old-{os.getpid()}-{time.time_ns()}")
+    os.rename(directory, aside)
+    return aside
+
+
+# ------------------------------------------------------------------------------------ history
+def history_dirs(run_dir: Path) -> dict[int, Path]:
+    """step -> <run_dir>/checkpoints/checkpoint-<step>/ of every kept export, in step order."""
+    found = {}
+    for d in (Path(run_dir) / HISTORY_DIR).glob("checkpoint-*"):
+        step = d.name[len("checkpoint-"):]
+        if step.isdigit() and (d / MANIFEST).is_file():
+            found[int(step)] = d
+    return dict(sorted(found.items()))
+
+
+def export_history(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int, keep: int | None) -> Path:
+    """The agents of `step` as <run_dir>/checkpoints/checkpoint-<step>/ (atomically, as agents/),
+    then only the `keep` newest of the history left (None: all); returns the new directory."""
+    target = export_agents(run_dir, cfg, policies, step, Path(run_dir) / HISTORY_DIR / f"checkpoint-{step}")
+    kept = history_dirs(run_dir)
+    for old_step in list(kept)[: max(len(kept) - keep, 0)] if keep else []:
+        shutil.rmtree(_set_aside(kept[old_step]), ignore_errors=True)
+    return target
+
+
+def agents_of_step(run_dir: Path, step: int) -> Path:
+    """The export of the agents at `step`: its history dir, or agents/ when that export is of
+    `step` (the end of training). UserError naming the steps there are."""
+    history = history_dirs(run_dir)
+    if step in history:
+        return history[step]
+    final = Path(run_dir) / AGENTS_DIR
+    try:
+        final_step = json.loads((final / MANIFEST).read_text(encoding="utf-8")).get("step")
+    except (OSError, ValueError):
+        final_step = None
+    if final_step == step:
+        return final
+    steps = [*history, *([final_step] if isinstance(final_step, int) and final_step not in history else [])]
+    have = (f"it has the agents of step{'s' * (len(steps) != 1)} {', '.join(map(str, sorted(steps)))}" if steps
+            else "it has no exported agents")
+    raise UserError(f"{run_dir} has no agents of step {step} ({have}): pick one of those with --step, or keep a "
+                    "history while training with trainer.history_every=<n> (and trainer.history_keep=<k>)")
 
 
 def _save_adapter(policies: AgentPolicies, model_index: int, adapter: str, tensors: dict[str, torch.Tensor],
@@ -156,10 +209,15 @@ Base model: `{base}` ({cfg.model.name}). Prompts: {prompts}, as the task builds 
     (agent_dir / "README.md").write_text(text, encoding="utf-8")
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def follow_umask(root: Path) -> None:
+    """Give `root` and everything in it the modes a plain open()/mkdir() would: mkdtemp makes the
+    dir 0700, and safetensors writes its files 0600 (a temp file renamed into place), which would
+    hide the agents from the colleagues the umask lets read them."""
+    mask = umask()
+    for where, _, files in os.walk(root):
+        os.chmod(where, 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(where, name), 0o666 & ~mask)
 
 
 # ------------------------------------------------------------------------------------ loading

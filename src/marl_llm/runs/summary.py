@@ -30,14 +30,20 @@ def held_out_line(summary: dict[str, Any]) -> str:
     return "no held-out evaluation (trainer.eval_before and trainer.eval_after are off)"
 
 
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def first_train_reward(run_dir: Path) -> float | None:
-    if not (run_dir / "metrics.jsonl").is_file():  # nothing was logged (no step, no evaluation)
-        return None
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if "train/reward" in row:
-            return row["train/reward"]
-    return None
+    return next((row["train/reward"] for row in _rows(run_dir) if "train/reward" in row), None)
+
+
+def logged_eval(run_dir: Path, step: int) -> dict[str, float] | None:
+    """The evaluation metrics.jsonl holds for `step`, as the evaluation returned them: a resumed
+    run's summary keeps its first attempt's evaluation before training."""
+    row = next((r for r in _rows(run_dir) if r.get("step") == step and any(k.startswith("eval/") for k in r)), None)
+    return None if row is None else {k[len("eval/"):]: v for k, v in row.items() if k.startswith("eval/")}
 
 
 def code_line() -> str:

@@ -33,7 +33,7 @@ from typing import Any, Callable
 from urllib.parse import urlparse
 
 from marl_llm.config import UserError
-from marl_llm.distributed.data_parallel import world
+from marl_llm.distributed.world import world
 
 SOURCES = ("auto", "hub", "files", "packaged")
 FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet")

@@ -30,12 +30,14 @@ import copy
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from marl_llm.training.episodes import JointNode, JointTree, Terminate
 from marl_llm.rollout.base import Completion, GenRequest, sample_key
-from marl_llm.rollout.sampling import SamplingParams
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn
+
+if TYPE_CHECKING:  # annotations only: a task module stays light (no torch)
+    from marl_llm.rollout.sampling import SamplingParams
 
 
 @dataclass

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from marl_llm.rollout.base import Completion, GenRequest, sample_key
-
-from marl_llm.rollout.sampling import SamplingParams
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn
+
+if TYPE_CHECKING:  # annotations only: the task modules that import this stay light (no torch)
+    from marl_llm.rollout.sampling import SamplingParams
 
 
 @dataclass

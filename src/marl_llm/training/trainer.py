@@ -34,10 +34,10 @@ from marl_llm.rollout.base import PROGRESS
 from marl_llm.runs import rundir
 from marl_llm.runs.atomic import atomic_write_text
 from marl_llm.runs.checkpoint import check_resume_config, read_checkpoint, restore_checkpoint, save_checkpoint
-from marl_llm.runs.export import export_agents
+from marl_llm.runs.export import export_agents, export_history
 from marl_llm.runs.loggers import NullLogger, RunLogger
 from marl_llm.runs.rundir import Progress, interrupted_line, resume_mode
-from marl_llm.runs.summary import first_train_reward, held_out_line, write_summary
+from marl_llm.runs.summary import first_train_reward, held_out_line, logged_eval, write_summary
 from marl_llm.tasks import Problem
 from marl_llm.training.console import Watch, console_logging, format_metrics, step_line
 from marl_llm.training.data_order import batch_for_step, ends_epoch
@@ -45,7 +45,7 @@ from marl_llm.training.episodes import JointTree
 from marl_llm.training.evaluation import evaluate, paper_eval_due
 from marl_llm.training.perf import peak_rss_gib
 from marl_llm.training.setup import Setup, build, join_world, seed_everything, quiet_libraries
-from marl_llm.training.threads import torch_threads
+from marl_llm.training.threads import choose_threads
 
 log = logging.getLogger("marl_llm")  # the console and the job log (training/console.py)
 
@@ -130,7 +130,8 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
     check_run_does_something(cfg)
     resume = resume_mode(cfg)
     quiet_libraries()
-    torch.set_num_threads(torch_threads(cfg.trainer.threads))  # before any model loads
+    threads = choose_threads(cfg.trainer.threads, cfg.trainer.deterministic)
+    torch.set_num_threads(threads.count)  # before any model loads
     w = join_world(cfg)
     # Every rank writes to (and resumes from) rank 0's run dir; only rank 0 writes anything.
     run_dir = Path(distributed.broadcast_object(str(cfg.run_dir)))
@@ -203,7 +204,8 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
     t_start = time.perf_counter()
     say(f"{cfg.algo.name} on {cfg.task.name}: agents {', '.join(task.agent_names)} on "
         f"{cfg.model.name} [{', '.join(m.get_base_model().name_or_path for m in policies.models)}] "
-        f"({policies.device}, {policies.dtype}, torch threads: {torch.get_num_threads()}); run dir {run_dir}"
+        f"({policies.device}, {policies.dtype}, torch threads: {torch.get_num_threads()}"
+        + (f" [{threads.why}]" if threads.why else "") + f"); run dir {run_dir}"
         + (f"; {w.size} data-parallel processes" if w.size > 1 else ""))
     if run.sharding:
         say(run.sharding)
@@ -249,12 +251,23 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
     def eval_due(step: int) -> bool:
         return paper_eval and paper_eval_due(step, tc.prompts_per_step, len(train_set), tc.eval_interval)
 
+    def keep_agents(step: int) -> None:
+        """trainer.history_every: rank 0 adds the agents of `step` to <run_dir>/checkpoints/."""
+        if w.is_main:
+            try:
+                say(f"agents of step {step} kept as {export_history(run_dir, cfg, policies, step, tc.history_keep)}")
+            except OSError as err:
+                say(f"warning: the agents of step {step} were not kept ({err})")
+        distributed.barrier()
+
     exit_code = 1
     watch.start(max_steps, start_step)
     try:
         evaluated_before = start_step == 0 and (tc.eval_before or eval_due(0))
         if evaluated_before:
             summary["before"] = run_eval(0)
+        elif start_step > 0 and w.is_main:  # a resume: the first attempt's evaluation before training
+            summary["before"] = logged_eval(run_dir, 0)
         step_times: list[float] = []
         last_train: dict[str, float] = {}
         for step in range(start_step, max_steps):
@@ -274,6 +287,8 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
                 run_eval(step + 1)
             if tc.save_every and (step + 1) % tc.save_every == 0:
                 checkpoint(step + 1)
+            if tc.history_every and (step + 1) % tc.history_every == 0:
+                keep_agents(step + 1)
 
         final_step = max(max_steps, start_step)
         if final_step > 0:  # nothing trained, nothing to save
