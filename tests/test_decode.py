@@ -5,6 +5,8 @@ from the right distribution with integer prefix sums only; MixedLoRA in the base
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import warnings
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from conftest import compose_config, make_policies, tiny_overrides
 from marl_llm.rollout import decode as rollout
 from marl_llm.config import UserError
 from marl_llm.configure import validate
+from marl_llm.models.cache_api import cache_name
 from marl_llm.rollout.mixed_lora import MixedLoRA
 from marl_llm.models.prompting import encode_prompt
 from marl_llm.rollout.decode import COMPACT_EVERY, PerRowSampling, SamplingParams, decode
@@ -106,6 +109,23 @@ def test_keyed_rows_are_reproducible_and_unkeyed_rows_follow_the_global_seed(pol
     assert run_rows(policies, unkeyed, static=True) == first
     torch.manual_seed(12)
     assert run_rows(policies, unkeyed) != first
+
+
+def test_the_cache_goes_by_the_installed_transformers_name_and_nothing_warns(policies):
+    """transformers 5.24 renamed `past_key_values` to `cache` (the old name warns, and goes in
+    5.40); 5.17 knows only the old one. Decoding and scoring use the model's own name: no
+    FutureWarning."""
+    base = policies.models[0].get_base_model()
+    assert cache_name() in inspect.signature(type(base).forward).parameters
+    assert cache_name() in inspect.signature(type(base.get_decoder()).forward).parameters
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run_rows(policies, ROWS[:3])
+        run_rows(policies, ROWS[:3], static=True)
+        prompt = torch.tensor(encode_prompt(policies.tokenizers[0], "solve it"))
+        with policies.acting(0) as model:  # the shared prompt's KV cache, handed to the completions' pass
+            rollout.completion_logprobs(model, [prompt] * 2, [torch.tensor([5, 6]), torch.tensor([7])], 2)
+    assert [str(w.message) for w in seen if issubclass(w.category, FutureWarning)] == []
 
 
 class HostReads(TorchFunctionMode):

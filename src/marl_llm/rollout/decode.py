@@ -22,6 +22,7 @@ from transformers.cache_utils import DynamicLayer, StaticCache
 from marl_llm.distributed import fsdp
 
 from marl_llm.models import scoring
+from marl_llm.models.cache_api import cache_kwargs, output_cache
 from marl_llm.config import UserError
 from marl_llm.rollout.base import PROGRESS, Completion, GenRequest
 from marl_llm.rollout.mixed_lora import MixedLoRA, has_adapters
@@ -184,8 +185,8 @@ def static_cache(model, cache: Any, capacity: int) -> StaticCache:
 def _model_step(model, token: torch.Tensor, position: torch.Tensor, attention_mask: torch.Tensor, cache: Any,
                 **kwargs: Any) -> torch.Tensor:
     """One decode step: next-token logits [B, V] for the tokens [B, 1] at positions [B, 1]."""
-    return model(input_ids=token, position_ids=position, attention_mask=attention_mask, past_key_values=cache,
-                 use_cache=True, logits_to_keep=1, **kwargs).logits[:, -1]
+    return model(input_ids=token, position_ids=position, attention_mask=attention_mask, use_cache=True,
+                 logits_to_keep=1, **cache_kwargs(cache), **kwargs).logits[:, -1]
 
 
 _COMPILED_STEPS: dict[str, Callable[..., torch.Tensor]] = {}
@@ -239,7 +240,7 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
             lora.set_rows(prefill_adapters)
         head = model(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
                      use_cache=True, logits_to_keep=1, **({"adapter_names": prefill_adapters} if peft_mixed else {}))
-        cache = head.past_key_values
+        cache = output_cache(head)
         cache.batch_select_indices(source)  # each row starts from its prompt's keys and values
         width = ids.shape[1]
         capacity = width + steps
@@ -380,7 +381,7 @@ def _shared_prompt_logits(model, prompt: torch.Tensor, completions: list[torch.T
     k, P = len(completions), len(prompt)
     first, first_states, head, autocast = scoring.predicting_states(model, head, 1, input_ids=prompt[None].to(device),
                                                                     use_cache=True)
-    cache = first.past_key_values
+    cache = output_cache(first)
     if cache is None or not hasattr(cache, "layers"):
         return None
     for layer in cache.layers:  # one copy of the prompt's keys/values per completion
@@ -392,7 +393,7 @@ def _shared_prompt_logits(model, prompt: torch.Tensor, completions: list[torch.T
     ids = ids.to(device)
     _, tail_states, tail_head, _ = scoring.predicting_states(
         model, head, C, input_ids=ids, attention_mask=att.to(device), position_ids=pos.to(device),
-        past_key_values=cache, use_cache=True)
+        use_cache=True, **cache_kwargs(cache))
     if tail_head is not head:  # the lean path fell back between the two passes: pack instead
         return None
     # The prompt's last position predicts completion token 0; completion position t predicts t+1.

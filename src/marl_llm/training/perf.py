@@ -70,6 +70,8 @@ from typing import Any, Iterator
 
 import torch
 
+from marl_llm.models.cache_api import call_cache
+
 
 # ---------------------------------------------------------------------------------- devices
 @dataclass(frozen=True)
@@ -380,7 +382,7 @@ def _positions(args: tuple, kwargs: dict) -> tuple[Any, Any]:
         m = (mask.cpu() if mask.device.type == "mps" else mask).to(torch.float64)  # MPS has no float64
         new = m[:, mask.shape[1] - L:].sum(dim=1)
         return new, m.sum(dim=1) - new
-    cache = kwargs.get("past_key_values")
+    cache = call_cache(kwargs)
     # Called after the pass: the cache already holds this pass's L positions.
     past = max(int(cache.get_seq_length()) - L, 0) if cache is not None and hasattr(cache, "get_seq_length") else 0
     return torch.full((B,), float(L), dtype=torch.float64), torch.full((B,), float(past), dtype=torch.float64)
