@@ -205,7 +205,8 @@ def reference_distribution(p: SamplingParams) -> torch.Tensor:
 @pytest.mark.parametrize("params", [
     SamplingParams(temperature=1.0), SamplingParams(temperature=0.5), SamplingParams(temperature=1.5, top_k=3),
     SamplingParams(temperature=1.0, top_p=0.8), SamplingParams(temperature=0.8, top_k=5, top_p=0.7),
-    SamplingParams(temperature=0.0)], ids=["t1", "t0.5", "topk3", "topp0.8", "topk5-topp0.7", "greedy"])
+    SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=3, top_p=1 - 1e-13)],
+    ids=["t1", "t0.5", "topk3", "topp0.8", "topk5-topp0.7", "greedy", "topk3-topp-wider"])
 @pytest.mark.parametrize("sync_free", [False, True])
 def test_sampler_draws_the_filtered_distribution(params, sync_free):
     n = 40_000
@@ -240,6 +241,47 @@ def test_top_p_with_and_without_the_candidate_pass_keeps_the_same_tokens():
     kept = (a > torch.finfo(a.dtype).min).sum(dim=1)
     assert kept[3] > PerRowSampling.TOP_P_CANDIDATES and kept[0] < PerRowSampling.TOP_P_CANDIDATES
     assert kept[2] == kept[5] == 5000  # top_p=1 rows untouched
+
+
+class Sorts(TorchFunctionMode):
+    """Records the widths of the sorts and top-k's a sampler runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.sorted: list[tuple[str, int]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in ("sort", "topk"):
+            self.sorted.append((name, args[0].shape[-1]))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("sync_free", [False, True])
+def test_top_p_inside_top_k_keeps_the_tokens_a_full_sort_keeps(sync_free):
+    """The nucleus taken among the top-k against the same sampler sorting the whole vocabulary:
+    the same scores to the bit, on bf16-rounded logits (many ties, some at the k-th), with rows
+    whose k is below the batch's largest, a nucleus wider than the top-k, and rows without top-p.
+    The vocabulary is sorted nowhere."""
+    torch.manual_seed(3)
+    V = 5000
+    scores = (torch.randn(8, V) * 4).bfloat16().float()
+    scores[3, :200] = scores[3].max() - 0.25  # 200 tokens tied at the top: ties at the k-th and a wide nucleus
+    params = [SamplingParams(temperature=1.0, top_k=50, top_p=0.9), SamplingParams(temperature=0.6, top_k=20, top_p=0.6),
+              SamplingParams(temperature=1.0, top_k=5, top_p=1 - 1e-13), SamplingParams(temperature=1.0, top_k=30, top_p=0.95),
+              SamplingParams(temperature=1.0, top_k=50), SamplingParams(temperature=0.0, top_k=50, top_p=0.5),
+              SamplingParams(temperature=1.3), SamplingParams(temperature=0.8, top_k=1, top_p=0.3)]
+    inside = PerRowSampling(params, torch.device("cpu"), sync_free=sync_free)
+    full = PerRowSampling(params, torch.device("cpu"), sync_free=sync_free)
+    assert inside.top_p_within_top_k
+    full.top_p_within_top_k = False  # the full sort (or the CPU's candidates), as before
+    with Sorts() as spy:
+        got = inside(None, scores.clone())
+    assert all(width <= 50 for name, width in spy.sorted if name == "sort") and ("topk", V) in spy.sorted
+    want = full(None, scores.clone())
+    assert torch.equal(got, want)
+    kept = (got > torch.finfo(got.dtype).min).sum(dim=1)
+    assert kept[3] >= 30 and kept[2] == 5 and kept[6] == V  # ties kept; the wide nucleus keeps the top-5
 
 
 def test_a_sampler_sliced_to_some_rows_filters_them_as_before():
