@@ -358,3 +358,103 @@ def test_decode_keys_reach_the_rollout_and_bad_values_say_the_fix(tiny_model_dir
     with pytest.raises(UserError, match=r"trainer\.decode"):
         validate(compose_config(base + ["trainer.decode=fixed"]))
     validate(compose_config(base + ["trainer.decode=static", "trainer.compile_decode=true"]))
+
+
+# ------------------------------------------------------------------------------ compiled decode
+def test_compiled_decode_equals_eager_and_compiles_once_for_one_shape(tiny_model_dir, tmp_path):
+    """trainer.decode=static with trainer.compile_decode=true (inductor on the CPU, CUDA graphs on
+    a GPU): greedy tokens equal to the eager static loop's; three rollouts of one shape compile
+    one graph, and reuse one kept StaticCache and MixedLoRA's kept stacks (the same addresses: on
+    CUDA the graph is recorded once, counted); with the FLOP meter's hooks live (decode called
+    outside the trainer, nothing paused) it compiles nothing more. 6 rows run as 8 (ROW_MULTIPLE):
+    the extra rows' tokens are dropped."""
+    from marl_llm.rollout import static_step
+    from marl_llm.rollout.base import GenRequest
+    from marl_llm.training.setup import build
+
+    torch._dynamo.reset()
+    static_step._COMPILED_STEPS.clear()
+    run = build(compose_config(tiny_overrides(tiny_model_dir, tmp_path, "trainer.decode=static",
+                                              "trainer.compile_decode=true", "trainer.eval_before=false")))
+    assert run.rollout.static and run.rollout.compile_decode
+    policies = run.policies
+    model, tok = policies.models[0], policies.tokenizers[0]
+    with torch.no_grad():  # fresh LoRA B matrices are zero: make the two adapters act, and differ
+        for k, adapter in policies.trainable_adapters():
+            for p in policies.adapter_parameters(k, adapter):
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(adapter))).to(p) * 0.5)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+    rows = [(0, "solve it"), (1, "solve it"), (0, "a much longer prompt " * 3), (1, "x"), (1, "solve it"), (0, "x")]
+    requests = [GenRequest(a, m, greedy, key=j) for j, (a, m) in enumerate(rows)]
+    prompts = [encode_prompt(tok, m) for _, m in rows]
+    adapters = [policies.agents[a].adapter for a, _ in rows]
+    eos = policies.eos_ids[0]
+    with torch.inference_mode(), policies.autocast(0):
+        eager = [rollout.cut_at_eos(ids, eos)[0].tolist() for ids in
+                 decode(model, prompts, adapters, [greedy] * len(rows), eos, tok.pad_token_id, static=True)]
+
+    caches, stacks = [], []
+    build_cache = static_step.static_cache
+
+    def spying(*args, **kwargs):
+        caches.append(build_cache(*args, **kwargs))
+        return caches[-1]
+
+    counts = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rollout, "static_cache", spying)
+        for _ in range(3):  # as the trainer calls it: MeteredRollout, the meter's hooks paused
+            out = [c.completion_ids.tolist() for c in run.rollout.generate(requests)]
+            counts.append(static_step.compile_counts())
+            lora_a = next(m for n, m in model.named_modules() if n.endswith("q_proj"))
+            stacks.append(lora_a._mixed_A.data_ptr())
+            if policies.dtype == torch.float32:
+                assert out == eager
+            else:  # bf16 on CUDA: compiled kernels round differently; near-ties of a random model may flip
+                assert sum(a == b for a, b in zip(out, eager)) >= len(rows) // 2
+        with torch.inference_mode(), policies.autocast(0):  # outside the trainer: the hooks count
+            before = run.meter.flops.total
+            direct = decode(model, prompts, adapters, [greedy] * len(rows), eos, tok.pad_token_id, static=True,
+                            compile_step=True)
+        counts.append(static_step.compile_counts())
+    assert run.meter.flops.total > before  # the hooks were live (the eager prefill was counted)
+    assert len(direct) == len(rows)
+    assert counts[0]["graphs"] >= 1 and all(c["graphs"] == counts[0]["graphs"] for c in counts), counts
+    assert len({id(c) for c in caches}) == 1 and len(set(stacks)) == 1
+    assert caches[0].layers[0].keys.shape[0] == static_step.ROW_MULTIPLE
+    assert caches[0].layers[0].keys.shape[2] % static_step.CAPACITY_MULTIPLE == 0
+    if policies.device.type == "cuda":
+        assert all(c["cudagraph_recordings"] == counts[0]["cudagraph_recordings"] for c in counts), counts
+    run.meter.close()
+
+
+def test_cudagraph_recordings_are_counted_from_torchs_callbacks():
+    """The counter the bench reports hooks torch's compile-event callbacks: a recording event
+    (what CUDA-graph trees announce before each recording) counts one; other events none."""
+    from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+    from marl_llm.rollout import static_step
+
+    assert static_step.count_cudagraph_recordings()
+    before = static_step.compile_counts()["cudagraph_recordings"]
+    with callback_handler.install_callbacks(CallbackTrigger.CUDAGRAPH_RECORDING, "test"):
+        pass
+    with callback_handler.install_callbacks(CallbackTrigger.LAZY_BACKWARD, "test"):
+        pass
+    assert static_step.compile_counts()["cudagraph_recordings"] == before + 1
+
+
+def test_decode_auto_is_the_compiled_static_step_on_cuda_only():
+    from marl_llm.rollout.decode import resolve_decode
+
+    assert resolve_decode("auto", "auto", "cuda", True) == (True, True)
+    assert resolve_decode("auto", "auto", "cuda", False) == (False, False)  # sliding-window layers
+    assert resolve_decode("auto", "auto", "cpu", True) == (False, False)
+    assert resolve_decode("static", "auto", "cpu", True) == (True, False)
+    assert resolve_decode("static", True, "cpu", True) == (True, True)
+    assert resolve_decode("dynamic", False, "cuda", True) == (False, False)
+    cfg = compose_config(["trainer=gpu", "run_dir=/tmp/x"])
+    assert (cfg.trainer.decode, cfg.trainer.compile_decode) == ("auto", "auto")
+    validate(cfg)
+    with pytest.raises(UserError, match=r"trainer\.compile_decode"):
+        validate(compose_config(["trainer.compile_decode=sometimes", "run_dir=/tmp/x"]))

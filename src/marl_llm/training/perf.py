@@ -302,7 +302,12 @@ class FlopCounter:
     # -- hooks
     def watch(self, model) -> ModelShape | None:
         """Count every pass of `model` (a transformers causal LM, a peft model, a full policy)
-        from now on; returns its shape (None for a model without a decoder/LM head to hook)."""
+        from now on; returns its shape (None for a model without a decoder/LM head to hook).
+
+        A pass inside a torch.compile'd region is not counted: the hooks return at once when
+        traced, so the compiled graph holds nothing of them (no guard on the counter's running
+        totals, which would recompile the step at every call). The one compiled region is the
+        decode step, whose generation MeteredRollout counts from lengths."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         try:
             decoder, head = base.get_decoder(), base.get_output_embeddings()
@@ -330,7 +335,7 @@ class FlopCounter:
 
     def _decoder_hook(self, shape: ModelShape, probe: torch.Tensor | None):
         def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-            if self._paused:
+            if torch.compiler.is_compiling() or self._paused:  # never traced (see `watch`)
                 return
             new, past = _positions(args, kwargs)
             if new is None:
@@ -354,7 +359,7 @@ class FlopCounter:
 
     def _head_hook(self, shape: ModelShape):
         def hook(module: torch.nn.Module, inputs: tuple, output: Any) -> None:
-            if self._paused:
+            if torch.compiler.is_compiling() or self._paused:  # never traced (see `watch`)
                 return
             h = inputs[0]
             flops = head_flops(shape, h.numel() // h.shape[-1])
