@@ -136,3 +136,37 @@ def test_deterministic_mode_sets_cublas_workspace_before_cuda_and_can_be_turned_
 def test_the_test_device_switch_defaults_to_the_cpu(tiny_model_dir, tmp_path):
     cfg = compose_config(tiny_overrides(tiny_model_dir, tmp_path))
     assert cfg.model.device == "cpu"
+
+
+def test_adamw_is_fused_on_cuda_and_keeps_the_runs_choice_on_resume(tiny_model_dir, tmp_path):
+    from marl_llm.models.policies import adamw_kwargs, restore_implementation
+
+    assert adamw_kwargs({"cuda"}) == {"fused": True}
+    assert adamw_kwargs({"cpu"}) == {} and adamw_kwargs({"cpu", "cuda"}) == {}
+    cfg = compose_config(tiny_overrides(tiny_model_dir, tmp_path))
+    validate(cfg)
+    run = build(cfg)
+    fused = run.policies.device.type == "cuda"
+    for opt in run.policies.optimizers.values():
+        assert bool(opt.defaults["fused"]) == fused and bool(opt.param_groups[0]["fused"]) == fused
+        saved = opt.state_dict()
+        saved["param_groups"][0]["fused"] = not fused  # a checkpoint of the other kind of run
+        restore_implementation(opt, saved)
+        assert bool(opt.param_groups[0]["fused"]) == fused
+
+
+def test_gradients_are_freed_after_the_optimizer_step(tiny_model_dir, tmp_path):
+    """The update's gradients do not live on through the next rollout (their memory is the
+    rollout's KV cache's on a GPU)."""
+    from marl_llm.training.trainer import train_step
+
+    cfg = compose_config(tiny_overrides(tiny_model_dir, tmp_path, "trainer.eval_before=false"))
+    validate(cfg)
+    run = build(cfg)
+    seen = []
+    for opt in run.policies.optimizers.values():  # gradients existed when the step ran
+        opt.register_step_pre_hook(lambda o, *_: seen.append(sum(p.grad is not None for g in o.param_groups
+                                                                 for p in g["params"])))
+    train_step(run, cfg, 0)
+    assert seen and min(seen) > 0
+    assert all(p.grad is None for p in run.policies.trainable_parameters())
