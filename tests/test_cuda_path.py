@@ -170,3 +170,35 @@ def test_gradients_are_freed_after_the_optimizer_step(tiny_model_dir, tmp_path):
     train_step(run, cfg, 0)
     assert seen and min(seen) > 0
     assert all(p.grad is None for p in run.policies.trainable_parameters())
+
+
+def test_deterministic_updates_run_in_strict_mode_and_name_an_op_without_a_kernel(tiny_model_dir, tmp_path):
+    """trainer.deterministic=true: warn-only mode for the run, strict mode in the update (what makes
+    SDPA's memory-efficient backward deterministic on CUDA; tests/test_trainer.py checks that two
+    such runs give bitwise-equal adapters). An op without a deterministic kernel stops the update
+    with one line that names it and the fix."""
+    from marl_llm.training.setup import strict_determinism
+    from marl_llm.training.trainer import train_step
+
+    cfg = compose_config(tiny_overrides(tiny_model_dir, tmp_path, "trainer.eval_before=false",
+                                        "trainer.deterministic=true", "algo.baseline=raw"))
+    validate(cfg)
+    try:
+        seed_everything(0, deterministic=True)
+        run = build(cfg)
+        modes = []
+        for opt in run.policies.optimizers.values():
+            opt.register_step_pre_hook(lambda *_: modes.append(torch.is_deterministic_algorithms_warn_only_enabled()))
+        train_step(run, cfg, 0)
+        assert modes and not any(modes)  # strict while stepping
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        with pytest.raises(UserError, match=r"^trainer.deterministic=true: index_reduce_cuda has no deterministic "
+                                            r"kernel .* set trainer.deterministic=false"):
+            with strict_determinism(True):
+                raise RuntimeError("index_reduce_cuda does not have a deterministic implementation, but you set "
+                                   "'torch.use_deterministic_algorithms(True)'. ...")
+        with pytest.raises(RuntimeError, match="something else"), strict_determinism(True):
+            raise RuntimeError("something else")
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        seed_everything(0, deterministic=False)
