@@ -105,7 +105,7 @@ class HFRollout:
             rows = max(len(c) for c in chunks)
             positions = max(len(prompts[i]) for i in chunks[0]) + max(new_tokens[i] for i in chunks[0])
             announce(f"KV cache budget {budget / 2**30:.1f} GiB ({how}; trainer.kv_cache_gib sets it): a cached "
-                     f"position takes {per_position / 2**10:.0f} KiB, so up to {rows} rows per generate call "
+                     f"position takes {per_position / 2**10:.3g} KiB, so up to {rows} rows per generate call "
                      f"(trainer.sequences_per_generate={self.max_batch}) at {positions} positions a row here")
         return chunks
 
