@@ -102,11 +102,11 @@ class HFRollout:
                            ROW_MULTIPLE if compiled else 1, CAPACITY_MULTIPLE if compiled else 1)
         if not self._told_budget:
             self._told_budget = True
-            rows = max(len(c) for c in chunks)
-            positions = max(len(prompts[i]) for i in chunks[0]) + max(new_tokens[i] for i in chunks[0])
+            width, steps = max(len(p) for p in prompts), max(new_tokens)
+            fit = budget // per_position // (2 * width + steps)
             announce(f"KV cache budget {budget / 2**30:.1f} GiB ({how}; trainer.kv_cache_gib sets it): a cached "
-                     f"position takes {per_position / 2**10:.3g} KiB, so up to {rows} rows per generate call "
-                     f"(trainer.sequences_per_generate={self.max_batch}) at {positions} positions a row here")
+                     f"position takes {per_position / 2**10:.3g} KiB, so {fit} rows of {width} + {steps} positions fit "
+                     f"in one generate call (trainer.sequences_per_generate={self.max_batch} at most)")
         return chunks
 
     def _generate_chunk(self, k: int, requests: list[GenRequest], prompts: list[list[int]]) -> list[Completion]:
