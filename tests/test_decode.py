@@ -345,6 +345,31 @@ def test_set_rows_from_indices_equals_set_rows_from_names(policies):
         assert torch.equal(lora.mask, by_name[1:])
 
 
+def test_mixed_lora_keeps_its_buffers_per_adapter_set_and_refills_them(policies):
+    """Rollouts of one agent's rows and of both agents' alternate: each adapter set finds its own
+    stacks again, refilled in place with the adapters' current values (what a recorded CUDA graph
+    reads); a row mask is kept per row count."""
+    model = policies.models[0]
+    layer = next(m for n, m in model.named_modules() if n.endswith("q_proj"))
+    seen = []
+    with torch.inference_mode():
+        for names in (["agent_aux"], ["agent_main", "agent_aux"], ["agent_aux"], ["agent_aux", "agent_main"]):
+            with MixedLoRA(model, names) as lora:
+                lora.set_rows(names * 2)
+                seen.append((layer._mixed_A.data_ptr(), lora.mask.data_ptr(), layer._mixed_A.shape[0]))
+                assert layer.forward is lora._kept.forwards[id(layer)]  # one mixed forward per layer, kept
+    assert seen[0] == seen[2] and seen[1] == seen[3] and seen[0][0] != seen[1][0]
+    with torch.inference_mode(), MixedLoRA(model, ["agent_aux"]):
+        lora_a = layer.lora_A["agent_aux"].weight
+        assert torch.equal(layer._mixed_A, lora_a.to(layer._mixed_A.dtype))
+    with torch.no_grad():
+        lora_a.add_(1.0)  # the adapter changed (an update): the same buffer, the new values
+    with torch.inference_mode(), MixedLoRA(model, ["agent_aux"]):
+        assert layer._mixed_A.data_ptr() == seen[0][0] and torch.equal(layer._mixed_A, lora_a)
+    with torch.no_grad():
+        lora_a.sub_(1.0)
+
+
 # ------------------------------------------------------------------------------ configuration
 def test_decode_keys_reach_the_rollout_and_bad_values_say_the_fix(tiny_model_dir, tmp_path):
     from marl_llm.training.setup import build

@@ -84,7 +84,7 @@ class MixedLoRA:
 
     def __init__(self, model, adapters: list[str]):
         self.model = model
-        self.adapters = list(dict.fromkeys(adapters))
+        self.adapters = sorted(set(adapters))  # one order for every batch composition (its kept stacks)
         self._kept = _KEPT.setdefault(model, _Kept())
         self._layers = _lora_linears(model)
         self._r = max(layer.lora_A[a].weight.shape[0] for layer in self._layers for a in self.adapters)
@@ -139,8 +139,13 @@ class MixedLoRA:
                 b_blocks.append(torch.nn.functional.pad(B * layer.scaling[a], (0, pad)))  # scaled in fp32
             stack_a = torch.cat(a_blocks, dim=0).detach().to(self.dtype)  # [n*r, in]
             stack_b = torch.cat(b_blocks, dim=1).detach().to(self.dtype)  # [out, n*r]
-            layer._mixed_A = _refill(getattr(layer, "_mixed_A", None), stack_a)
-            layer._mixed_B = _refill(getattr(layer, "_mixed_B", None), stack_b)
+            # One pair of kept stacks per adapter set: a rollout of one agent's rows and one of
+            # both agents' each find their own buffers again.
+            if getattr(layer, "_mixed_stacks", None) is None:
+                layer._mixed_stacks = {}
+            held_a, held_b = layer._mixed_stacks.get(tuple(self.adapters), (None, None))
+            layer._mixed_A, layer._mixed_B = _refill(held_a, stack_a), _refill(held_b, stack_b)
+            layer._mixed_stacks[tuple(self.adapters)] = (layer._mixed_A, layer._mixed_B)
             if id(layer) not in self._kept.forwards:
                 self._kept.forwards[id(layer)] = types.MethodType(_mixed_forward(self._kept), layer)
             layer.forward = self._kept.forwards[id(layer)]
