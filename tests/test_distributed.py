@@ -162,13 +162,18 @@ SYNC_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_gradient_sync_is_the_batch_weighted_mean_over_ranks(tmp_path):
-    script = tmp_path / "sync.py"
-    script.write_text(SYNC_SCRIPT)
+def run_on_two_ranks(script_text: str, tmp_path) -> list[dict]:
+    """Run a script under torchrun with 2 processes; each writes <tmp_path>/rank<r>.json."""
+    script = tmp_path / "script.py"
+    script.write_text(script_text)
     out = subprocess.run([str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", str(script), str(tmp_path)], env=env(),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+    return [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+
+
+def test_gradient_sync_is_the_batch_weighted_mean_over_ranks(tmp_path):
+    results = run_on_two_ranks(SYNC_SCRIPT, tmp_path)
     assert sorted(r["rank"] for r in results) == [0, 1]
     # (x - 1.5) / std over [0, 1, 2, 3]
     expected = torch.tensor([-1.5, -0.5, 0.5, 1.5]) / torch.tensor([0.0, 1, 2, 3]).std(unbiased=False)
@@ -236,12 +241,7 @@ BUCKET_SCRIPT = textwrap.dedent("""
 def test_bucketed_gradient_sync_equals_the_concatenated_one_bitwise(tmp_path):
     """Buckets smaller than some parameters, a bf16 gradient, a non-contiguous one and a missing
     one: the same gradients to the bit as the whole-model cat it replaced, with no cat or clone."""
-    script = tmp_path / "buckets.py"
-    script.write_text(BUCKET_SCRIPT)
-    out = subprocess.run([str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", str(script), str(tmp_path)], env=env(),
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+    results = run_on_two_ranks(BUCKET_SCRIPT, tmp_path)
     assert len(results) == 2
     for r in results:
         assert r["total"] == 4 and all(r["equal"]) and r["cats"] == 0, r
