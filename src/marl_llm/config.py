@@ -71,6 +71,9 @@ class SamplingConfig:
     # No end of sequence before this many tokens (0: off). Benchmarks set it to max_new_tokens so
     # every completion, step and system generates the same number of tokens.
     min_new_tokens: int = 0
+    # A stop rule (rollout/stops.py) that also ends a completion: `code` (the end of the first fenced
+    # block or top-level function) or one you register; null: end of sequence and max_new_tokens only.
+    stop: Optional[str] = None
 
 
 # ---------------------------------------------------------------------------------------- algo
@@ -368,6 +371,11 @@ def check_sampling(key: str, s: Any) -> None:
     check_value(s.get("max_new_tokens", 1) >= 1, f"{key}.max_new_tokens", "must be >= 1")
     check_value(0 <= s.get("min_new_tokens", 0) <= s.get("max_new_tokens", 1), f"{key}.min_new_tokens",
                 "must be in [0, max_new_tokens]")
+    if s.get("stop") is not None:
+        from marl_llm.rollout.stops import STOP_RULES  # light: no torch
+
+        check_value(s["stop"] in STOP_RULES, f"{key}.stop",
+                    f"{s['stop']!r} is not a stop rule; registered: {', '.join(sorted(STOP_RULES))} (or null)")
 
 
 def check_buffer(a: Any) -> None:
