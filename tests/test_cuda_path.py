@@ -100,6 +100,14 @@ def test_gradient_checkpointing_auto_is_for_large_bases_on_cuda():
         validate(cfg)
 
 
+def test_gradient_checkpointing_is_auto_by_default_so_the_8b_presets_get_it_on_cuda():
+    for overrides in ([], ["experiment=at_grpo_plan_path_qwen3_8b_paper"], ["experiment=at_grpo_sokoban_qwen3_8b_paper"]):
+        cfg = compose_config([*overrides, "run_dir=/tmp/x"])
+        assert cfg.trainer.gradient_checkpointing == "auto", overrides
+    assert gradient_checkpointing("auto", torch.device("cuda"), int(8.2e9))  # Qwen3-8B's parameters
+    assert not gradient_checkpointing("auto", torch.device("cpu"), int(8.2e9))
+
+
 def test_gpu_trainer_preset_sizes_for_a_gpu_and_yields_to_a_paper_preset():
     cfg = compose_config(["trainer=gpu", "run_dir=/tmp/x"])
     validate(cfg)
