@@ -188,9 +188,19 @@ class TrainerConfig:
     max_steps: int = 3
     # Problems (environment instances) per step; each yields a rollout tree of joint actions.
     prompts_per_step: int = 1
+    # shuffle: every epoch in a fresh order (seeded); in_order: the training set's own order every
+    # epoch, as the reference trainers (training/data_order.py).
+    data_order: str = "shuffle"
     # Completions per forward/backward pass in the update (gradient accumulation above it).
     completions_per_micro_batch: int = 4
-    # Evaluate every N steps (0: only before and after training).
+    # Evaluation protocol (training/evaluation.py): own: greedy rollouts (pass@1, reward, levels)
+    # every eval_every steps and sampled pass@k; paper: the reference trainers' (comlrl), before
+    # every eval_interval-th batch of each epoch (batch 0 included), one rollout sampled at the
+    # training settings on each of the first eval_max_problems eval items, the mean reward,
+    # expected return and test pass rate per turn.
+    eval_protocol: str = "own"
+    eval_interval: int = 0
+    # Evaluate every N steps (0: only before and after training). eval_protocol=own only.
     eval_every: int = 0
     eval_before: bool = True
     eval_after: bool = True
@@ -484,6 +494,9 @@ def check_shared(cfg: DictConfig) -> None:
     check_value(t.distributed_timeout_min > 0, "trainer.distributed_timeout_min", "must be > 0 (minutes)")
     check_value(t.completions_per_micro_batch >= 1, "trainer.completions_per_micro_batch", "must be >= 1")
     check_value(t.eval_every >= 0, "trainer.eval_every", "must be >= 0")
+    check_choice(cfg, "trainer.eval_protocol", ("own", "paper"))
+    check_choice(cfg, "trainer.data_order", ("shuffle", "in_order"))
+    check_value(t.eval_interval >= 0, "trainer.eval_interval", "must be >= 0 (batches of an epoch; 0: none)")
     check_value(t.save_every >= 0, "trainer.save_every", "must be >= 0")
     check_value(t.eval_max_problems is None or t.eval_max_problems >= 1, "trainer.eval_max_problems",
                 "must be >= 1 or null")

@@ -100,7 +100,7 @@ def micro_batches(completions: list[Completion], size: int, subset: list[int] | 
         groups.setdefault(tuple(completions[j].prompt_ids.tolist()), []).append(j)
     chunks = [idx[s:s + size] for idx in groups.values() if len(idx) > 1 for s in range(0, len(idx), size)]
     singles = sorted((idx[0] for idx in groups.values() if len(idx) == 1),
-                     key=lambda j: len(completions[j].prompt_ids) + len(completions[j].completion_ids))
+                     key=lambda j: len(completions[j].prompt_ids) + len(completions[j].scored_ids))
     return chunks + [singles[s:s + size] for s in range(0, len(singles), size)]
 
 
@@ -142,6 +142,7 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
     if off_policy and s.clip_eps is None:
         raise ValueError("several optimizer steps per batch need PPO ratio clipping: set clip_eps")
     total_tokens = sum(len(c.completion_ids) for c in comps)
+    scored_tokens = sum(len(c.scored_ids) for c in comps)  # the loss's tokens (algo.loss_tokens)
     old: dict[int, torch.Tensor] = {}  # sample -> sampling-time token log-probs, Tensor[len]
     ref_logps: dict[tuple[int, ...], torch.Tensor] = {}
     acc: dict[str, float] = {}
@@ -151,11 +152,11 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
 
         def logps(idx: list[int], with_entropy: bool = False):
             return completion_logprobs(model, [comps[j].prompt_ids for j in idx],
-                                       [comps[j].completion_ids for j in idx], pad, with_entropy=with_entropy)
+                                       [comps[j].scored_ids for j in idx], pad, with_entropy=with_entropy)
 
         def keep_old(idx: list[int], logp: torch.Tensor) -> None:
             for row, j in enumerate(idx):
-                old[j] = logp[row, :len(comps[j].completion_ids)].detach()
+                old[j] = logp[row, :len(comps[j].scored_ids)].detach()
 
         if off_policy and steps_per_epoch > 1:  # later mini-batches run after earlier steps
             with torch.no_grad():
@@ -165,7 +166,7 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
         for epoch in range(s.epochs):
             for batch in mini_batches:
                 opt.zero_grad(set_to_none=True)
-                batch_tokens = sum(len(comps[j].completion_ids) for j in batch)
+                batch_tokens = sum(len(comps[j].scored_ids) for j in batch)
                 for idx in micro_batches(comps, micro_batch_size, batch):
                     # The reference pass comes first: between a pass with gradients and its
                     # backward, an FSDP-sharded model runs no other pass (fsdp.py).
@@ -175,7 +176,7 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
                             with torch.no_grad(), policies.reference(key[0]) as ref_model:
                                 ref_logps[tuple(idx)] = completion_logprobs(
                                     ref_model, [comps[j].prompt_ids for j in idx],
-                                    [comps[j].completion_ids for j in idx], pad)[0]
+                                    [comps[j].scored_ids for j in idx], pad)[0]
                         ref = ref_logps[tuple(idx)]
                     logp, mask, ent = logps(idx, with_entropy=epoch == 0)
                     if epoch == 0:
@@ -212,7 +213,7 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
     out.update({
         "grad_norm": grad_norm,
         "optimizer_steps": float(n_steps),
-        "entropy": entropy_sum / max(total_tokens, 1),
+        "entropy": entropy_sum / max(scored_tokens, 1),
         "learning_rate": float(opt.param_groups[0]["lr"]),
         "num_tokens": float(total_tokens),  # this step's completion tokens (the logger keeps TRL's running total)
         "prompt_tokens": float(sum(len(c.prompt_ids) for c in comps)),
