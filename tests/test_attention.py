@@ -157,3 +157,53 @@ def test_grouped_heads_attend_to_their_own_key_value_head():
     assert_close_to_scale(outs[1][0], outs[0][0], 1e-5, "attention output")
     for g_ref, g in zip(outs[0][1], outs[1][1]):
         assert_close_to_scale(g, g_ref, 1e-4, "input gradient")
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("per_head_mask", [False, True])
+def test_one_token_steps_fold_the_query_heads_and_match_sdpa(per_head_mask):
+    """A decode step (one query position) at 6 query heads on 2 K/V heads: the same output as
+    transformers' sdpa with K/V repeated, with no K/V repeat and no folded mask copy."""
+    from transformers.integrations import sdpa_attention as S
+
+    class Attention(torch.nn.Module):
+        num_key_value_groups, is_causal = 3, True
+
+    gen = torch.Generator().manual_seed(1)
+    B, K, D = 3, 9, 8
+    q = torch.randn(B, 6, 1, D, generator=gen)
+    k, v = (torch.randn(B, 2, K, D, generator=gen) for _ in range(2))
+    real = torch.ones(B, K, dtype=torch.bool)
+    real[0, :4] = False  # a left-padded row
+    real[2, :1] = False
+    mask = real[:, None, None, :]  # [B, 1, 1, K]
+    if per_head_mask:
+        mask = mask.expand(B, 6, 1, K).clone()
+    want = S.sdpa_attention_forward(Attention(), q, k, v, mask, scaling=D ** -0.5)[0]
+    repeats, folds = [], []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(S, "repeat_kv", lambda h, n: repeats.append(n) or h)
+        mp.setattr(attention, "fold_mask", lambda *a: folds.append(a) or None)
+        got = attention.sdpa_gqa_attention_forward(Attention(), q, k, v, mask, scaling=D ** -0.5)[0]
+    assert repeats == [] and folds == []
+    assert got.shape == want.shape == (B, 1, 6, D)
+    assert_close_to_scale(got, want, 1e-6, "decode-step attention")
+
+
+def test_decode_steps_never_repeat_key_values(tiny_model_dir, monkeypatch):
+    """Through the decode loop, dynamic and static: neither the prefill nor any decode step
+    repeats K/V (the tiny model: 2 query heads share 1 K/V head). transformers' sdpa repeats them
+    in every decode step before 5.23 and under torch.compile."""
+    from transformers.integrations import sdpa_attention as S
+
+    repeats = []
+    repeat = S.repeat_kv
+    monkeypatch.setattr(S, "repeat_kv", lambda h, n: (repeats.append(h.shape) if n > 1 else None) or repeat(h, n))
+    params = [SamplingParams(temperature=0.0, max_new_tokens=5)] * 2
+    policies = make_policies(tiny_model_dir, attn_implementation="sdpa_gqa")
+    for static in (False, True):
+        with torch.inference_mode():
+            out = decode(policies.models[0], [[1, 40, 41], [1, 60]], ["agent_aux", "agent_main"], params, [2], 2,
+                         static=static)
+        assert [len(o) for o in out] == [5, 5]
+    assert repeats == []

@@ -10,23 +10,27 @@ import subprocess
 import pytest
 
 from conftest import VENV_BIN
-from marl_llm.training import perf
+import torch
+
 from marl_llm.bench.gpu import decode_bytes_per_run
+from marl_llm.models.memory import kv_cache_bytes
 
 
 def test_decode_bytes_per_run_counts_weights_and_kv_cache_per_step():
-    shape = perf.ModelShape(n_linear=0, n_layers=2, d_attn=8, d_model=8, vocab=10, kv_dim=4)
-    per_position = 2 * 2 * 4 * 2  # K and V, 2 layers, kv_dim 4, 2 bytes
+    config = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 8}
+    per_position = kv_cache_bytes(config, torch.bfloat16, 1)
+    assert per_position == 2 * 2 * 2 * 2 * 2  # K and V, 2 layers, 2 K/V heads of 2, 2 bytes
     # 3 new tokens: 2 decode steps; step t of a row with prompt p reads p + t + 1 cached positions.
     want = 2 * 100 + per_position * ((2 + 1) + (2 + 2) + (3 + 1) + (3 + 2))
-    assert decode_bytes_per_run(shape, 100, [2, 3], 3, 2) == want
+    assert decode_bytes_per_run(per_position, 100, [2, 3], 3) == want
 
 
 @pytest.mark.slow
 def test_gpu_mode_runs_end_to_end_on_cpu(tmp_path):
     out = tmp_path / "gpu"
     cmd = [str(VENV_BIN / "marl-llm-bench"), "gpu", "--arch", "tiny", "--device", "cpu", "--dtype", "float32",
-           "--batches", "8", "--new-tokens", "3", "--reps", "1", "--steps", "1", "--warmup", "0",
+           "--batches", "8", "--new-tokens", "3", "--reps", "2", "--steps", "1", "--warmup", "0",
+           "--settings", "dynamic", "compiled",
            "--peak-tflops", "0.5", "--bandwidth-tbs", "0.02", "--no-deterministic",
            "--model-dir", str(tmp_path / "models"), "--out", str(out), "algo.num_turns=1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -37,11 +41,17 @@ def test_gpu_mode_runs_end_to_end_on_cpu(tmp_path):
     assert env["device"] == "cpu" and all(env["versions"][k] for k in ("torch", "transformers", "peft"))
     assert r["parameters"] > 0 and r["flop_shape"]["n_layers"] == 2
 
-    (row,) = r["decode"]["rows"]
-    assert row["batch"] == 8 and row["new_tokens"] == 3
-    for key in ("decode_tokens_per_s", "generate_tokens_per_s", "decode_vs_generate", "decode_ms_per_step",
-                "generate_ms_per_step", "bytes_read_per_run", "decode_roofline", "generate_roofline", "decode_mfu"):
-        assert row[key] > 0, key
+    dynamic, compiled = r["decode"]["rows"]
+    assert (dynamic["setting"], compiled["setting"]) == ("dynamic", "compiled")
+    assert r["decode"]["measured_bandwidth_tbs"] > 0 and r["decode"]["bandwidth_tbs"] == 0.02
+    for row in (dynamic, compiled):
+        assert row["batch"] == 8 and row["new_tokens"] == 3
+        for key in ("decode_tokens_per_s", "generate_tokens_per_s", "decode_vs_generate", "decode_ms_per_step",
+                    "generate_ms_per_step", "bytes_read_per_run", "decode_roofline", "generate_roofline", "decode_mfu"):
+            assert row[key] > 0, key
+        assert row["kernels_per_step"] is None and row["cudagraph_rerecordings_per_rollout"] is None  # CUDA only
+    assert dynamic["graphs_compiled_first_rollout"] == 0 and compiled["graphs_compiled_first_rollout"] >= 1
+    assert compiled["graphs_compiled_per_later_rollout"] == 0  # the same shape compiles once
 
     t = r["training"]
     assert t["experiment"] == "magrpo_humaneval_paper" and "error" not in t
@@ -54,5 +64,5 @@ def test_gpu_mode_runs_end_to_end_on_cpu(tmp_path):
     assert s["timing/scoring"] >= 0
 
     md = (out / "tiny_float32.md").read_text()
-    assert r["command"] in md and "| 8 |" in md and "| update MFU | >= 35% |" in md
+    assert r["command"] in md and "| 8 | dynamic |" in md and "| 8 | compiled |" in md and "| update MFU | >= 35% |" in md
     assert "Not run" not in md

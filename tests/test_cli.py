@@ -51,6 +51,8 @@ def test_tiny_run_end_to_end_with_offline_wandb(tiny_model_dir, tmp_path):
                          capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "eval @ step 0" in out.stdout and "step 1/1" in out.stdout
+    assert "FutureWarning" not in out.stderr + out.stdout  # e.g. transformers' deprecated past_key_values
+    assert out.stdout.count("KV cache budget") == 1
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any("train/reward" in r for r in rows) and any("eval/pass@1" in r for r in rows)
     assert (run_dir / "checkpoint.pt").is_file()

@@ -100,6 +100,14 @@ def test_gradient_checkpointing_auto_is_for_large_bases_on_cuda():
         validate(cfg)
 
 
+def test_gradient_checkpointing_is_auto_by_default_so_the_8b_presets_get_it_on_cuda():
+    for overrides in ([], ["experiment=at_grpo_plan_path_qwen3_8b_paper"], ["experiment=at_grpo_sokoban_qwen3_8b_paper"]):
+        cfg = compose_config([*overrides, "run_dir=/tmp/x"])
+        assert cfg.trainer.gradient_checkpointing == "auto", overrides
+    assert gradient_checkpointing("auto", torch.device("cuda"), int(8.2e9))  # Qwen3-8B's parameters
+    assert not gradient_checkpointing("auto", torch.device("cpu"), int(8.2e9))
+
+
 def test_gpu_trainer_preset_sizes_for_a_gpu_and_yields_to_a_paper_preset():
     cfg = compose_config(["trainer=gpu", "run_dir=/tmp/x"])
     validate(cfg)
@@ -136,3 +144,69 @@ def test_deterministic_mode_sets_cublas_workspace_before_cuda_and_can_be_turned_
 def test_the_test_device_switch_defaults_to_the_cpu(tiny_model_dir, tmp_path):
     cfg = compose_config(tiny_overrides(tiny_model_dir, tmp_path))
     assert cfg.model.device == "cpu"
+
+
+def test_adamw_is_fused_on_cuda_and_keeps_the_runs_choice_on_resume(tiny_model_dir, tmp_path):
+    from marl_llm.models.policies import adamw_kwargs, restore_implementation
+
+    assert adamw_kwargs({"cuda"}) == {"fused": True}
+    assert adamw_kwargs({"cpu"}) == {} and adamw_kwargs({"cpu", "cuda"}) == {}
+    cfg = compose_config(tiny_overrides(tiny_model_dir, tmp_path))
+    validate(cfg)
+    run = build(cfg)
+    fused = run.policies.device.type == "cuda"
+    for opt in run.policies.optimizers.values():
+        assert bool(opt.defaults["fused"]) == fused and bool(opt.param_groups[0]["fused"]) == fused
+        saved = opt.state_dict()
+        saved["param_groups"][0]["fused"] = not fused  # a checkpoint of the other kind of run
+        restore_implementation(opt, saved)
+        assert bool(opt.param_groups[0]["fused"]) == fused
+
+
+def test_gradients_are_freed_after_the_optimizer_step(tiny_model_dir, tmp_path):
+    """The update's gradients do not live on through the next rollout (their memory is the
+    rollout's KV cache's on a GPU)."""
+    from marl_llm.training.trainer import train_step
+
+    cfg = compose_config(tiny_overrides(tiny_model_dir, tmp_path, "trainer.eval_before=false"))
+    validate(cfg)
+    run = build(cfg)
+    seen = []
+    for opt in run.policies.optimizers.values():  # gradients existed when the step ran
+        opt.register_step_pre_hook(lambda o, *_: seen.append(sum(p.grad is not None for g in o.param_groups
+                                                                 for p in g["params"])))
+    train_step(run, cfg, 0)
+    assert seen and min(seen) > 0
+    assert all(p.grad is None for p in run.policies.trainable_parameters())
+
+
+def test_deterministic_updates_run_in_strict_mode_and_name_an_op_without_a_kernel(tiny_model_dir, tmp_path):
+    """trainer.deterministic=true: warn-only mode for the run, strict mode in the update (what makes
+    SDPA's memory-efficient backward deterministic on CUDA; tests/test_trainer.py checks that two
+    such runs give bitwise-equal adapters). An op without a deterministic kernel stops the update
+    with one line that names it and the fix."""
+    from marl_llm.training.setup import strict_determinism
+    from marl_llm.training.trainer import train_step
+
+    cfg = compose_config(tiny_overrides(tiny_model_dir, tmp_path, "trainer.eval_before=false",
+                                        "trainer.deterministic=true", "algo.baseline=raw"))
+    validate(cfg)
+    try:
+        seed_everything(0, deterministic=True)
+        run = build(cfg)
+        modes = []
+        for opt in run.policies.optimizers.values():
+            opt.register_step_pre_hook(lambda *_: modes.append(torch.is_deterministic_algorithms_warn_only_enabled()))
+        train_step(run, cfg, 0)
+        assert modes and not any(modes)  # strict while stepping
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        with pytest.raises(UserError, match=r"^trainer.deterministic=true: index_reduce_cuda has no deterministic "
+                                            r"kernel .* set trainer.deterministic=false"):
+            with strict_determinism(True):
+                raise RuntimeError("index_reduce_cuda does not have a deterministic implementation, but you set "
+                                   "'torch.use_deterministic_algorithms(True)'. ...")
+        with pytest.raises(RuntimeError, match="something else"), strict_determinism(True):
+            raise RuntimeError("something else")
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        seed_everything(0, deterministic=False)

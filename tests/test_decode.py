@@ -5,6 +5,8 @@ from the right distribution with integer prefix sums only; MixedLoRA in the base
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import warnings
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from conftest import assert_close_to_scale, compose_config, make_policies, tiny_
 from marl_llm.rollout import decode as rollout
 from marl_llm.config import UserError
 from marl_llm.configure import validate
+from marl_llm.models.cache_api import cache_name
 from marl_llm.rollout.mixed_lora import MixedLoRA
 from marl_llm.models.prompting import encode_prompt
 from marl_llm.rollout.decode import COMPACT_EVERY, PerRowSampling, SamplingParams, decode
@@ -108,6 +111,23 @@ def test_keyed_rows_are_reproducible_and_unkeyed_rows_follow_the_global_seed(pol
     assert run_rows(policies, unkeyed) != first
 
 
+def test_the_cache_goes_by_the_installed_transformers_name_and_nothing_warns(policies):
+    """transformers 5.24 renamed `past_key_values` to `cache` (the old name warns, and goes in
+    5.40); 5.17 knows only the old one. Decoding and scoring use the model's own name: no
+    FutureWarning."""
+    base = policies.models[0].get_base_model()
+    assert cache_name() in inspect.signature(type(base).forward).parameters
+    assert cache_name() in inspect.signature(type(base.get_decoder()).forward).parameters
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run_rows(policies, ROWS[:3])
+        run_rows(policies, ROWS[:3], static=True)
+        prompt = torch.tensor(encode_prompt(policies.tokenizers[0], "solve it"))
+        with policies.acting(0) as model:  # the shared prompt's KV cache, handed to the completions' pass
+            rollout.completion_logprobs(model, [prompt] * 2, [torch.tensor([5, 6]), torch.tensor([7])], 2)
+    assert [str(w.message) for w in seen if issubclass(w.category, FutureWarning)] == []
+
+
 class HostReads(TorchFunctionMode):
     """Counts what makes the host wait on the device (a sync on a GPU): reading values, and
     boolean-mask indexing (its result size is data-dependent). Also records cumsum dtypes."""
@@ -185,7 +205,8 @@ def reference_distribution(p: SamplingParams) -> torch.Tensor:
 @pytest.mark.parametrize("params", [
     SamplingParams(temperature=1.0), SamplingParams(temperature=0.5), SamplingParams(temperature=1.5, top_k=3),
     SamplingParams(temperature=1.0, top_p=0.8), SamplingParams(temperature=0.8, top_k=5, top_p=0.7),
-    SamplingParams(temperature=0.0)], ids=["t1", "t0.5", "topk3", "topp0.8", "topk5-topp0.7", "greedy"])
+    SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=3, top_p=1 - 1e-13)],
+    ids=["t1", "t0.5", "topk3", "topp0.8", "topk5-topp0.7", "greedy", "topk3-topp-wider"])
 @pytest.mark.parametrize("sync_free", [False, True])
 def test_sampler_draws_the_filtered_distribution(params, sync_free):
     n = 40_000
@@ -220,6 +241,47 @@ def test_top_p_with_and_without_the_candidate_pass_keeps_the_same_tokens():
     kept = (a > torch.finfo(a.dtype).min).sum(dim=1)
     assert kept[3] > PerRowSampling.TOP_P_CANDIDATES and kept[0] < PerRowSampling.TOP_P_CANDIDATES
     assert kept[2] == kept[5] == 5000  # top_p=1 rows untouched
+
+
+class Sorts(TorchFunctionMode):
+    """Records the widths of the sorts and top-k's a sampler runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.sorted: list[tuple[str, int]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in ("sort", "topk"):
+            self.sorted.append((name, args[0].shape[-1]))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("sync_free", [False, True])
+def test_top_p_inside_top_k_keeps_the_tokens_a_full_sort_keeps(sync_free):
+    """The nucleus taken among the top-k against the same sampler sorting the whole vocabulary:
+    the same scores to the bit, on bf16-rounded logits (many ties, some at the k-th), with rows
+    whose k is below the batch's largest, a nucleus wider than the top-k, and rows without top-p.
+    The vocabulary is sorted nowhere."""
+    torch.manual_seed(3)
+    V = 5000
+    scores = (torch.randn(8, V) * 4).bfloat16().float()
+    scores[3, :200] = scores[3].max() - 0.25  # 200 tokens tied at the top: ties at the k-th and a wide nucleus
+    params = [SamplingParams(temperature=1.0, top_k=50, top_p=0.9), SamplingParams(temperature=0.6, top_k=20, top_p=0.6),
+              SamplingParams(temperature=1.0, top_k=5, top_p=1 - 1e-13), SamplingParams(temperature=1.0, top_k=30, top_p=0.95),
+              SamplingParams(temperature=1.0, top_k=50), SamplingParams(temperature=0.0, top_k=50, top_p=0.5),
+              SamplingParams(temperature=1.3), SamplingParams(temperature=0.8, top_k=1, top_p=0.3)]
+    inside = PerRowSampling(params, torch.device("cpu"), sync_free=sync_free)
+    full = PerRowSampling(params, torch.device("cpu"), sync_free=sync_free)
+    assert inside.top_p_within_top_k
+    full.top_p_within_top_k = False  # the full sort (or the CPU's candidates), as before
+    with Sorts() as spy:
+        got = inside(None, scores.clone())
+    assert all(width <= 50 for name, width in spy.sorted if name == "sort") and ("topk", V) in spy.sorted
+    want = full(None, scores.clone())
+    assert torch.equal(got, want)
+    kept = (got > torch.finfo(got.dtype).min).sum(dim=1)
+    assert kept[3] >= 30 and kept[2] == 5 and kept[6] == V  # ties kept; the wide nucleus keeps the top-5
 
 
 def test_a_sampler_sliced_to_some_rows_filters_them_as_before():
@@ -285,6 +347,31 @@ def test_set_rows_from_indices_equals_set_rows_from_names(policies):
         assert torch.equal(lora.mask, by_name[1:])
 
 
+def test_mixed_lora_keeps_its_buffers_per_adapter_set_and_refills_them(policies):
+    """Rollouts of one agent's rows and of both agents' alternate: each adapter set finds its own
+    stacks again, refilled in place with the adapters' current values (what a recorded CUDA graph
+    reads); a row mask is kept per row count."""
+    model = policies.models[0]
+    layer = next(m for n, m in model.named_modules() if n.endswith("q_proj"))
+    seen = []
+    with torch.inference_mode():
+        for names in (["agent_aux"], ["agent_main", "agent_aux"], ["agent_aux"], ["agent_aux", "agent_main"]):
+            with MixedLoRA(model, names) as lora:
+                lora.set_rows(names * 2)
+                seen.append((layer._mixed_A.data_ptr(), lora.mask.data_ptr(), layer._mixed_A.shape[0]))
+                assert layer.forward is lora._kept.forwards[id(layer)]  # one mixed forward per layer, kept
+    assert seen[0] == seen[2] and seen[1] == seen[3] and seen[0][0] != seen[1][0]
+    with torch.inference_mode(), MixedLoRA(model, ["agent_aux"]):
+        lora_a = layer.lora_A["agent_aux"].weight
+        assert torch.equal(layer._mixed_A, lora_a.to(layer._mixed_A.dtype))
+    with torch.no_grad():
+        lora_a.add_(1.0)  # the adapter changed (an update): the same buffer, the new values
+    with torch.inference_mode(), MixedLoRA(model, ["agent_aux"]):
+        assert layer._mixed_A.data_ptr() == seen[0][0] and torch.equal(layer._mixed_A, lora_a)
+    with torch.no_grad():
+        lora_a.sub_(1.0)
+
+
 # ------------------------------------------------------------------------------ configuration
 def test_decode_keys_reach_the_rollout_and_bad_values_say_the_fix(tiny_model_dir, tmp_path):
     from marl_llm.training.setup import build
@@ -298,3 +385,103 @@ def test_decode_keys_reach_the_rollout_and_bad_values_say_the_fix(tiny_model_dir
     with pytest.raises(UserError, match=r"trainer\.decode"):
         validate(compose_config(base + ["trainer.decode=fixed"]))
     validate(compose_config(base + ["trainer.decode=static", "trainer.compile_decode=true"]))
+
+
+# ------------------------------------------------------------------------------ compiled decode
+def test_compiled_decode_equals_eager_and_compiles_once_for_one_shape(tiny_model_dir, tmp_path):
+    """trainer.decode=static with trainer.compile_decode=true (inductor on the CPU, CUDA graphs on
+    a GPU): greedy tokens equal to the eager static loop's; three rollouts of one shape compile
+    one graph, and reuse one kept StaticCache and MixedLoRA's kept stacks (the same addresses: on
+    CUDA the graph is recorded once, counted); with the FLOP meter's hooks live (decode called
+    outside the trainer, nothing paused) it compiles nothing more. 6 rows run as 8 (ROW_MULTIPLE):
+    the extra rows' tokens are dropped."""
+    from marl_llm.rollout import static_step
+    from marl_llm.rollout.base import GenRequest
+    from marl_llm.training.setup import build
+
+    torch._dynamo.reset()
+    static_step._COMPILED_STEPS.clear()
+    run = build(compose_config(tiny_overrides(tiny_model_dir, tmp_path, "trainer.decode=static",
+                                              "trainer.compile_decode=true", "trainer.eval_before=false")))
+    assert run.rollout.static and run.rollout.compile_decode
+    policies = run.policies
+    model, tok = policies.models[0], policies.tokenizers[0]
+    with torch.no_grad():  # fresh LoRA B matrices are zero: make the two adapters act, and differ
+        for k, adapter in policies.trainable_adapters():
+            for p in policies.adapter_parameters(k, adapter):
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(adapter))).to(p) * 0.5)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+    rows = [(0, "solve it"), (1, "solve it"), (0, "a much longer prompt " * 3), (1, "x"), (1, "solve it"), (0, "x")]
+    requests = [GenRequest(a, m, greedy, key=j) for j, (a, m) in enumerate(rows)]
+    prompts = [encode_prompt(tok, m) for _, m in rows]
+    adapters = [policies.agents[a].adapter for a, _ in rows]
+    eos = policies.eos_ids[0]
+    with torch.inference_mode(), policies.autocast(0):
+        eager = [rollout.cut_at_eos(ids, eos)[0].tolist() for ids in
+                 decode(model, prompts, adapters, [greedy] * len(rows), eos, tok.pad_token_id, static=True)]
+
+    caches, stacks = [], []
+    build_cache = static_step.static_cache
+
+    def spying(*args, **kwargs):
+        caches.append(build_cache(*args, **kwargs))
+        return caches[-1]
+
+    counts = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rollout, "static_cache", spying)
+        for _ in range(3):  # as the trainer calls it: MeteredRollout, the meter's hooks paused
+            out = [c.completion_ids.tolist() for c in run.rollout.generate(requests)]
+            counts.append(static_step.compile_counts())
+            lora_a = next(m for n, m in model.named_modules() if n.endswith("q_proj"))
+            stacks.append(lora_a._mixed_A.data_ptr())
+            if policies.dtype == torch.float32:
+                assert out == eager
+            else:  # bf16 on CUDA: compiled kernels round differently; near-ties of a random model may flip
+                assert sum(a == b for a, b in zip(out, eager)) >= len(rows) // 2
+        with torch.inference_mode(), policies.autocast(0):  # outside the trainer: the hooks count
+            before = run.meter.flops.total
+            direct = decode(model, prompts, adapters, [greedy] * len(rows), eos, tok.pad_token_id, static=True,
+                            compile_step=True)
+        counts.append(static_step.compile_counts())
+    assert run.meter.flops.total > before  # the hooks were live (the eager prefill was counted)
+    assert len(direct) == len(rows)
+    assert counts[0]["graphs"] >= 1 and all(c["graphs"] == counts[0]["graphs"] for c in counts), counts
+    assert len({id(c) for c in caches}) == 1 and len(set(stacks)) == 1
+    assert caches[0].layers[0].keys.shape[0] == static_step.ROW_MULTIPLE
+    assert caches[0].layers[0].keys.shape[2] % static_step.CAPACITY_MULTIPLE == 0
+    if policies.device.type == "cuda":
+        assert all(c["cudagraph_recordings"] == counts[0]["cudagraph_recordings"] for c in counts), counts
+    run.meter.close()
+
+
+def test_cudagraph_recordings_are_counted_from_torchs_callbacks():
+    """The counter the bench reports hooks torch's compile-event callbacks: a recording event
+    (what CUDA-graph trees announce before each recording) counts one; other events none."""
+    from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+    from marl_llm.rollout import static_step
+
+    assert static_step.count_cudagraph_recordings()
+    before = static_step.compile_counts()["cudagraph_recordings"]
+    with callback_handler.install_callbacks(CallbackTrigger.CUDAGRAPH_RECORDING, "test"):
+        pass
+    with callback_handler.install_callbacks(CallbackTrigger.LAZY_BACKWARD, "test"):
+        pass
+    assert static_step.compile_counts()["cudagraph_recordings"] == before + 1
+
+
+def test_decode_auto_is_the_compiled_static_step_on_cuda_only():
+    from marl_llm.rollout.decode import resolve_decode
+
+    assert resolve_decode("auto", "auto", "cuda", True) == (True, True)
+    assert resolve_decode("auto", "auto", "cuda", False) == (False, False)  # sliding-window layers
+    assert resolve_decode("auto", "auto", "cpu", True) == (False, False)
+    assert resolve_decode("static", "auto", "cpu", True) == (True, False)
+    assert resolve_decode("static", True, "cpu", True) == (True, True)
+    assert resolve_decode("dynamic", False, "cuda", True) == (False, False)
+    cfg = compose_config(["trainer=gpu", "run_dir=/tmp/x"])
+    assert (cfg.trainer.decode, cfg.trainer.compile_decode) == ("auto", "auto")
+    validate(cfg)
+    with pytest.raises(UserError, match=r"trainer\.compile_decode"):
+        validate(compose_config(["trainer.compile_decode=sometimes", "run_dir=/tmp/x"]))

@@ -162,13 +162,18 @@ SYNC_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_gradient_sync_is_the_batch_weighted_mean_over_ranks(tmp_path):
-    script = tmp_path / "sync.py"
-    script.write_text(SYNC_SCRIPT)
+def run_on_two_ranks(script_text: str, tmp_path) -> list[dict]:
+    """Run a script under torchrun with 2 processes; each writes <tmp_path>/rank<r>.json."""
+    script = tmp_path / "script.py"
+    script.write_text(script_text)
     out = subprocess.run([str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", str(script), str(tmp_path)], env=env(),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+    return [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+
+
+def test_gradient_sync_is_the_batch_weighted_mean_over_ranks(tmp_path):
+    results = run_on_two_ranks(SYNC_SCRIPT, tmp_path)
     assert sorted(r["rank"] for r in results) == [0, 1]
     # (x - 1.5) / std over [0, 1, 2, 3]
     expected = torch.tensor([-1.5, -0.5, 0.5, 1.5]) / torch.tensor([0.0, 1, 2, 3]).std(unbiased=False)
@@ -180,6 +185,66 @@ def test_gradient_sync_is_the_batch_weighted_mean_over_ranks(tmp_path):
         m = r["metrics"]
         assert m["reward"] == 0.5 and m["num_tokens"] == 30 and m["completions/max_length"] == 4
         assert m["turn_0/reward"] == 1 and m["turn_1/reward"] == 1  # a key one rank lacks: that rank is not counted
+
+
+BUCKET_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from marl_llm.distributed import data_parallel as distributed
+
+    def concatenated_sync(params, weight):  # the sync before buckets: one whole-model cat, then clones
+        flat = [(p.grad.detach().float() if p.grad is not None else torch.zeros(p.shape)).flatten() for p in params]
+        buf = torch.cat(flat + [torch.ones(1)]) * weight
+        torch.distributed.all_reduce(buf)
+        total = float(buf[-1])
+        if total > 0:
+            buf /= total
+        offset = 0
+        for p in params:
+            p.grad = buf[offset:offset + p.numel()].view_as(p).to(p.dtype).clone()
+            offset += p.numel()
+        return total
+
+    class Cats(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.n += getattr(func, "__name__", "") in ("cat", "concat", "clone")
+            return func(*args, **(kwargs or {}))
+
+    w = distributed.init(timeout_min=5, cpu=True)
+    r = w.rank
+    distributed.BUCKET_ELEMENTS = 7  # several buckets, and parameters larger than one
+    def params():
+        gen = torch.Generator().manual_seed(r)
+        shapes = [(3, 4), (5,), (2, 2), (9,), (1,), (4, 3)]
+        out = [torch.zeros(s, requires_grad=True) for s in shapes]
+        out.append(torch.zeros(6, dtype=torch.bfloat16, requires_grad=True))
+        for i, p in enumerate(out):
+            if not (r == 0 and i == 2):  # a parameter without a gradient on rank 0
+                p.grad = (torch.randn(p.shape, generator=gen) * 10 ** (i % 3 - 1)).to(p.dtype)
+        out[5].grad = out[5].grad.t().contiguous().t()  # a non-contiguous gradient
+        return out
+    new, old = params(), params()
+    with Cats() as cats:
+        total = distributed.sync_gradients(new, weight=1 + 2 * r)
+    assert concatenated_sync(old, 1 + 2 * r) == total
+    with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
+        json.dump({"equal": [torch.equal(a.grad, b.grad) and a.grad.dtype == b.grad.dtype for a, b in zip(new, old)],
+                   "cats": cats.n, "total": total}, f)
+    distributed.shutdown()
+""")
+
+
+def test_bucketed_gradient_sync_equals_the_concatenated_one_bitwise(tmp_path):
+    """Buckets smaller than some parameters, a bf16 gradient, a non-contiguous one and a missing
+    one: the same gradients to the bit as the whole-model cat it replaced, with no cat or clone."""
+    results = run_on_two_ranks(BUCKET_SCRIPT, tmp_path)
+    assert len(results) == 2
+    for r in results:
+        assert r["total"] == 4 and all(r["equal"]) and r["cats"] == 0, r
 
 
 @pytest.mark.parametrize("extra,message", [

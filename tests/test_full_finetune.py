@@ -9,7 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import TEST_DEVICE, compose_config, tiny_overrides
+from conftest import TEST_DEVICE, assert_close_to_scale, compose_config, tiny_overrides
 from marl_llm.distributed import fsdp
 from marl_llm.models import policies as models
 from marl_llm.runs.checkpoint import load_checkpoint
@@ -239,3 +239,50 @@ def test_fp32_master_weights_under_autocast(tiny_model_dir, monkeypatch):
     state = next(iter(p.optimizers.values())).state
     assert state and all(s["exp_avg"].dtype == torch.float32 for s in state.values())
     assert p.models[0].generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False).shape == (1, 7)
+
+
+# ------------------------------------------------------------------------ the trained LM head
+@pytest.mark.numerics
+def test_a_trained_head_is_chunked_by_tokens_with_the_same_logprobs_and_gradients(tiny_model_dir, monkeypatch):
+    """Full fine-tuning trains the LM head (the tied embeddings): its chunks are sized by tokens
+    (scoring.TRAINED_HEAD_CHUNK_TOKENS, here 8) instead of by logits (here 2 rows), so the [V, d]
+    head's gradient is accumulated ceil(N / 8) times, not ceil(N / 2); log-probs and gradients
+    equal the full-logits computation (to 1e-5 of the largest element, fp32)."""
+    from marl_llm.models import scoring
+    from marl_llm.rollout.decode import completion_logprobs, pad_pairs
+
+    monkeypatch.setattr(scoring, "LOGIT_CHUNK_ELEMENTS", 2 * 49152)
+    monkeypatch.setattr(scoring, "TRAINED_HEAD_CHUNK_TOKENS", 8)
+    p = small_policies(tiny_model_dir, dtype="float32")
+    model = p.models[0]
+    head = scoring.lm_head(model)
+    assert head is not None and head.weight.requires_grad
+    prompts = [torch.tensor([1, 40, 41, 42, 2]), torch.tensor([1, 60, 61]), torch.tensor([1, 70])]
+    comps = [torch.tensor([50, 51, 52, 53, 2]), torch.tensor([54, 55, 56, 57, 58, 59, 60]), torch.tensor([61, 62, 63])]
+    device = p.device
+    calls = []
+    handle = head.register_forward_hook(  # the chunks: [n, d] states with gradients (not the model's own call)
+        lambda m, i, o: calls.append(i[0].shape[0]) if i[0].dim() == 2 and torch.is_grad_enabled() else None)
+
+    def grads_of(logp):
+        model.zero_grad(set_to_none=True)
+        (logp * torch.linspace(0.5, 1.5, logp.numel(), device=device).view_as(logp)).sum().backward()
+        return {n: q.grad.detach().clone() for n, q in model.named_parameters() if q.grad is not None}
+
+    logp, mask, _ = completion_logprobs(model, prompts, comps, 2)
+    chunks = list(calls)
+    got = grads_of(logp)
+    handle.remove()
+    assert chunks == [8, 7], calls  # 15 tokens in chunks of 8 (by logits: 8 chunks of 2)
+    ids, att, pos, cmask = pad_pairs(prompts, comps, 2)
+    C = cmask.shape[1]
+    logits = model(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
+                   logits_to_keep=C + 1, use_cache=False).logits[:, :-1].float()
+    ref = torch.log_softmax(logits, -1).gather(2, ids[:, -C:].to(device).unsqueeze(2)).squeeze(2) * cmask.to(device)
+    want = grads_of(ref)
+    assert torch.equal(mask, cmask.to(device))
+    assert_close_to_scale(logp, ref, 1e-5, "log-probs")
+    assert set(got) == set(want) and any(n.endswith("embed_tokens.weight") for n in got)  # the tied head trains
+    for n in want:
+        assert want[n].abs().max() > 0
+        assert_close_to_scale(got[n], want[n], 1e-5, n)

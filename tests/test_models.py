@@ -54,12 +54,12 @@ def test_conversion_message_goes_to_the_run_log_inside_a_run(caplog, capsys):
     import logging
 
     with caplog.at_level(logging.INFO, logger="marl_llm"):
-        models._announce("converting X")
+        models.announce("converting X")
     assert [r.getMessage() for r in caplog.records] == ["converting X"]
     assert "converting X" not in capsys.readouterr().out
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="marl_llm"):
-        models._announce("converted Y")
+        models.announce("converted Y")
     assert caplog.records == [] and capsys.readouterr().out == "[marl-llm] converted Y\n"
 
 

@@ -350,3 +350,52 @@ def test_a_resumed_runs_summary_keeps_the_first_attempts_evaluation_before_train
     train(compose_config(overrides(tiny_model_dir, run, 2, *args, "trainer.resume=true")))
     resumed = json.loads((run / "summary.json").read_text())
     assert resumed["steps"] == 2 and resumed["before"] == first["before"]
+
+
+class FakeCuda:
+    """torch.cuda's RNG functions on a machine with `count` GPUs, this process on `current`:
+    per-GPU generator states are strings; `get_rng_state_all` must not be needed."""
+
+    def __init__(self, monkeypatch, count: int, current: int, states=None):
+        self.count, self.current = count, current
+        self.states = states or {i: torch.tensor([i], dtype=torch.uint8) for i in range(count)}
+        self.set: list[tuple[int, list[int]]] = []
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": self.states[self.current])
+        monkeypatch.setattr(torch.cuda, "set_rng_state", self.set_state)
+        monkeypatch.setattr(torch.cuda, "get_rng_state_all", self.refuse)
+        monkeypatch.setattr(torch.cuda, "set_rng_state_all", self.refuse)
+
+    def set_state(self, state, device="cuda"):
+        if self.current >= self.count:
+            raise RuntimeError("invalid device ordinal")
+        self.set.append((self.current, state.tolist()))
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("every GPU's RNG state was touched")
+
+
+def test_resume_restores_only_the_ranks_own_cuda_rng_state_whatever_the_gpu_count(monkeypatch):
+    """A run saved by the rank on GPU 3 of 4 resumes where each task sees one GPU (SLURM's
+    --gpus-per-task: its GPU is device 0), and the reverse; a checkpoint from before (every
+    visible GPU's state) still resumes, taking its own device's state or none."""
+    from marl_llm.runs.checkpoint import rng_state, set_rng_state
+
+    FakeCuda(monkeypatch, count=4, current=3)
+    state = rng_state()
+    assert state["cuda_device"].tolist() == [3] and "cuda" not in state
+    one = FakeCuda(monkeypatch, count=1, current=0)
+    set_rng_state(state)
+    assert one.set == [(0, [3])]
+    old = {**{k: v for k, v in state.items() if k != "cuda_device"},
+           "cuda": [torch.tensor([i], dtype=torch.uint8) for i in range(4)]}  # an older checkpoint, 4 GPUs
+    set_rng_state(old)
+    assert one.set[-1] == (0, [0])
+    four = FakeCuda(monkeypatch, count=8, current=6)  # more GPUs now than the old checkpoint saw
+    set_rng_state(old)
+    assert four.set == []  # nothing of its own saved: left as seeded
+    two = FakeCuda(monkeypatch, count=2, current=1)
+    set_rng_state(old)
+    assert two.set == [(1, [1])]

@@ -420,3 +420,41 @@ def test_buffered_samples_keep_their_rollout_logprobs_through_a_checkpoint():
     state["items"][0][1][0]["completions"] = [c[:4] for c in state["items"][0][1][0]["completions"]]
     restored.load_state_dict(state)
     assert restored.items["k"][0].completions[0].rollout_logprobs is None
+
+
+def test_several_processes_run_one_engine_each_through_the_external_launcher(tiny_model_dir, script, monkeypatch):
+    """Data-parallel ranks: vLLM's external-launcher executor (each rank's engine on its own GPU,
+    in its own process, seeded per rank), as TRL and verl run it; a vLLM without that executor is
+    refused in one line."""
+    import os
+
+    from marl_llm.distributed import data_parallel as distributed
+
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "VLLM_ENABLE_V1_MULTIPROCESSING")
+    before = {name: os.environ.get(name) for name in names}
+    monkeypatch.setattr(distributed, "_WORLD", distributed.World(rank=1, size=2, local_rank=1))
+    for name in names:
+        monkeypatch.setenv(name, "")  # recorded as it was, so what the rollout sets is undone after the test
+        monkeypatch.delenv(name)
+    policies = make_policies(tiny_model_dir)
+    import dataclasses
+
+    sys.modules["vllm"].EngineArgs = dataclasses.make_dataclass(  # a vLLM with the executor
+        "EngineArgs", [("model", str, ""), ("logprobs_mode", str, "raw_logprobs"),
+                       ("distributed_executor_backend", str, "")])
+    VLLMRollout(policies, sleep=False)
+    (_, init), = [e for e in script.events if e[0] == "init"]
+    assert init["distributed_executor_backend"] == "external_launcher" and init["tensor_parallel_size"] == 1
+    assert init["seed"] == policies.seed + 1
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"]) == ("1", "1", "2")
+
+    for name, module in stand_in_vllm(Script()).items():  # its EngineArgs has no distributed_executor_backend
+        monkeypatch.setitem(sys.modules, name, module)
+    with pytest.raises(UserError, match=r"^trainer.rollout=vllm with 2 processes needs vLLM's external-launcher "
+                                        r"executor .*use trainer.rollout=hf$"):
+        VLLMRollout(policies, sleep=False)
+    monkeypatch.setattr(distributed, "_WORLD", distributed.World())
+    assert vllm_rollout.engine_kwargs_for_world(sys.modules["vllm"], 7) == {"seed": 7}  # one process: as before
+    monkeypatch.undo()
+    assert {name: os.environ.get(name) for name in names} == before  # nothing leaks into later tests

@@ -209,10 +209,16 @@ class TrainerConfig:
     sequences_per_generate: int = 32
     # The hf rollout's decode loop (docs/gpu.md): dynamic (finished rows leave the batch every 16
     # steps; varied lengths) | static (fixed shapes over a StaticCache, no row ever leaves: what
-    # CUDA graphs / torch.compile need). Same tokens either way. compile_decode: run the static
-    # step under torch.compile (CUDA graphs on a GPU; minutes of compiling per new shape).
+    # CUDA graphs / torch.compile need) | auto (static on CUDA for a model whose layers all attend
+    # in full, else dynamic). Same tokens either way. compile_decode: run the static step under
+    # torch.compile (CUDA graphs on a GPU; a minute or more of compiling per new shape) | auto (on
+    # CUDA when the step is static). trainer=gpu sets both to auto.
     decode: str = "dynamic"
-    compile_decode: bool = False
+    compile_decode: Any = False
+    # GiB the hf rollout's KV cache may take per generate call; rows beyond it go to the next call.
+    # auto: 80% of the GPU memory free at the call (50% of the available RAM on the CPU); the
+    # budget chosen is printed once (models/memory.py).
+    kv_cache_gib: Any = "auto"
     # Save a checkpoint every N steps (0: only at the end).
     save_every: int = 0
     # Write the trained agents in the formats their users load (<run_dir>/agents/: a peft adapter
@@ -235,10 +241,10 @@ class TrainerConfig:
     # saving, max_steps and device settings need no permission (checkpoint.FREE_ON_RESUME).
     resume_allow_changes: List[str] = field(default_factory=list)
     # Recompute activations in the backward pass instead of keeping them (actors and a separate
-    # critic): false | true | auto (on for bases of >= 4B parameters on CUDA, where activations
-    # dominate memory; off on the CPU, where it costs more than it saves: it turns off the
-    # shared-prompt encoding of the update).
-    gradient_checkpointing: Any = False
+    # critic): false | true | auto (the default: on for bases of >= 4B parameters on CUDA, where
+    # activations dominate memory; off on the CPU, where it costs more than it saves: it turns off
+    # the shared-prompt encoding of the update).
+    gradient_checkpointing: Any = "auto"
     # Bitwise-reproducible runs on CUDA (same seed, same run; resume equals uninterrupted):
     # torch's deterministic algorithms with cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG,
     # set before CUDA starts), cuDNN benchmarking off. Costs speed on CUDA (docs/gpu.md); CPU
@@ -421,9 +427,14 @@ def check_shared(cfg: DictConfig) -> None:
     check_value(0 <= cfg.seed <= 2**32 - 1, "seed", f"{cfg.seed} must be in [0, 2**32-1] (e.g. seed=0)")
     check_choice(cfg, "model.dtype", ("auto", "float32", "bfloat16", "float16"))
     check_choice(cfg, "trainer.rollout", ("hf", "vllm"))
-    check_choice(cfg, "trainer.decode", ("dynamic", "static"))
-    check_value(not t.compile_decode or t.decode == "static", "trainer.compile_decode",
-                "compiles the fixed-shape decode step: set trainer.decode=static")
+    check_choice(cfg, "trainer.decode", ("dynamic", "static", "auto"))
+    check_value(t.compile_decode in (True, False, "auto"), "trainer.compile_decode",
+                f"is {t.compile_decode!r}: use true, false or auto")
+    check_value(t.compile_decode is not True or t.decode in ("static", "auto"), "trainer.compile_decode",
+                "compiles the fixed-shape decode step: set trainer.decode=static (or auto)")
+    check_value(t.kv_cache_gib == "auto" or (isinstance(t.kv_cache_gib, (int, float)) and not isinstance(
+        t.kv_cache_gib, bool) and t.kv_cache_gib > 0), "trainer.kv_cache_gib",
+                f"is {t.kv_cache_gib!r}: use auto or a number of GiB > 0")
     check_value(t.gradient_checkpointing in (True, False, "auto"), "trainer.gradient_checkpointing",
                 f"is {t.gradient_checkpointing!r}: use true, false or auto")
     check_value(0 < t.vllm_gpu_memory_utilization < 1, "trainer.vllm_gpu_memory_utilization", "must be in (0, 1)")

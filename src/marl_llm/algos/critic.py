@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from marl_llm.distributed.data_parallel import sync_gradients
+from marl_llm.models.policies import adamw, restore_implementation
 from marl_llm.rollout.decode import pad_pairs
 
 
@@ -102,7 +103,7 @@ class Critic:
         self.max_grad_norm = float("inf") if max_grad_norm is None else max_grad_norm
         self.micro_batch_size = micro_batch_size
         self.params = list(trunk.values()) + list(head.parameters())
-        self.optimizer = torch.optim.AdamW(self.params, lr=learning_rate, weight_decay=weight_decay)
+        self.optimizer = adamw(self.params, learning_rate, weight_decay)
 
     def _activate(self) -> None:
         if self.adapter is not None:
@@ -200,6 +201,7 @@ class Critic:
         sync_gradients(self.params, n)  # data-parallel ranks: the gradient over every rank's samples
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
         self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # the gradients' memory back before the next rollout
         y = done.targets.float()
         var_y = float(y.var(unbiased=False)) if n > 1 else 0.0
         stats = {"vf_loss": loss_sum, "values/mean": float(values.mean()), "returns/mean": float(y.mean()),
@@ -220,4 +222,4 @@ class Critic:
             for k, t in state["trunk"].items():
                 self.trunk[k].copy_(t.to(self.trunk[k].device, self.trunk[k].dtype))
         self.head.load_state_dict(state["head"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        restore_implementation(self.optimizer, state["optimizer"])

@@ -204,6 +204,7 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(
                     params, float("inf") if s.max_grad_norm is None else s.max_grad_norm))
                 opt.step()
+                opt.zero_grad(set_to_none=True)  # freed now, not at the next step: the next rollout has the memory
                 n_steps += 1
     lengths = [len(c.completion_ids) for c in comps] or [0]  # a data-parallel rank may hold none
     terminated = [len(c.completion_ids) for c in comps if not c.truncated] or [0]  # ended by EOS (TRL's)

@@ -8,41 +8,44 @@ Per architecture it builds a model with the real shapes and RANDOM weights (thro
 depend on the values; `--model-dir` keeps them) and the embedded model's tokenizer (SmolLM2's
 49152 ids; the LM head keeps the architecture's real vocabulary, so it costs what it costs), then:
 
-1. Decode: marl-llm's rollout (`HFRollout` as `trainer.build` makes it, two LoRA adapters mixed in
-   one batch, siblings sharing a prefill) against transformers `generate` (one adapter) on the
-   same rows: the HumanEval paper prompts of both agents, G=4 siblings each, at batch 8/32/64, a
-   fixed length (min = max new tokens; top_p=1: random weights give flat distributions). Tokens/s,
-   ms per token step, and the fraction of the memory-bandwidth roofline: the bytes a decode step
-   must read (every weight once: the base, both adapters, the LM head; the KV cache of every
-   row's prompt and tokens so far) over the step count, divided by time * bandwidth. The time
-   includes the prefill, so the fraction is a lower bound.
+1. Decode, per setting (`--settings`: `dynamic`, `static`, `compiled` = the static step under
+   torch.compile, CUDA graphs on a GPU; default dynamic and compiled on CUDA, dynamic and static
+   on the CPU): marl-llm's rollout (`HFRollout` as `trainer.build` makes it, two LoRA adapters
+   mixed in one batch, siblings sharing a prefill) against transformers `generate` (one adapter)
+   on the same rows: the HumanEval paper prompts of both agents, G=4 siblings each, at batch
+   8/32/64, a fixed length (min = max new tokens; top_p=1: random weights give flat
+   distributions). Tokens/s, ms per token step, and the fraction of the memory-bandwidth
+   roofline: the bytes a decode step must read (every weight once: the base, both adapters, the
+   LM head; the KV cache of every row's prompt and tokens so far) over the step count, divided by
+   time * bandwidth (`--bandwidth-tbs`, else the device's copy bandwidth measured here on CUDA).
+   The time includes the prefill, so the fraction is a lower bound. Also per setting: GPU kernels
+   per decode step (torch.profiler, CUDA only, at the largest batch), and graphs compiled and
+   CUDA graphs recorded in the first rollout and per later rollout (0 when nothing re-records).
 2. Training: `--steps` steps of `--experiment` (default the HumanEval paper preset, MAGRPO with
    two fully fine-tuned agents) on that model after `--warmup` steps, through the trainer's own
    `build` / `train_step`; reports its metrics (perf.py): the step split (rollout = generate +
    scoring; update), MFU of generation, update and step, peak GPU memory.
 
 Writes <out>/<arch>_<dtype>.json (everything) and .md (the tables, the exact command, the
-device, torch/transformers/peft versions). Figures are measured, never asserted; the issue's
-targets on an H100 are listed next to them: decode >= 3x generate tokens/s and >= 20% of the
-roofline at batch 64, update MFU >= 35%.
+device, torch/transformers/peft versions; bench/gpu_report.py), after each part. Figures are
+measured, never asserted; the issue's targets on an H100 are listed next to them: decode >= 3x
+generate tokens/s and >= 20% of the roofline at batch 64, update MFU >= 35%.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import importlib.metadata as md
 import json
 import shlex
 import statistics
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from marl_llm.runs.atomic import atomic_write_text
+from marl_llm.bench.gpu_report import environment, write_report
 
 # Published config.json values (Qwen2.5-Coder-3B has exactly Qwen2.5-3B's shapes); `tiny` for CPU tests.
 ARCHS: dict[str, dict[str, Any]] = {
@@ -54,8 +57,6 @@ ARCHS: dict[str, dict[str, Any]] = {
                  num_key_value_heads=2, vocab_size=None),  # None: the tokenizer's size
 }
 ALIASES = {"qwen2.5-coder-3b": "qwen2.5-3b"}
-# The issue's figures on an H100 (benchmark targets, not test assertions).
-TARGETS = {"decode_vs_generate_at_64": 3.0, "decode_roofline_at_64": 0.20, "update_mfu": 0.35}
 SIBLINGS = 4  # G of the HumanEval paper preset: rows per (agent, prompt)
 
 
@@ -126,29 +127,73 @@ def free_memory() -> None:
 
 
 # ----------------------------------------------------------------------------------- decode
-def decode_bytes_per_run(shape, weight_bytes: int, prompt_lengths: list[int], new_tokens: int, itemsize: int) -> float:
+def decode_bytes_per_run(kv_per_position: int, weight_bytes: int, prompt_lengths: list[int], new_tokens: int) -> float:
     """Bytes the decode steps of one rollout must read from memory at least: every weight once
-    per step and the KV cache of every row (its prompt and the tokens before the fed one); the
-    prefill (compute-bound) is left out. n new tokens take n - 1 decode steps."""
-    kv_per_position = 2 * shape.n_layers * shape.kv_dim * itemsize
+    per step and the KV cache of every row (its prompt and the tokens before the fed one;
+    `kv_per_position`: models.memory.kv_cache_bytes of one position); the prefill (compute-bound)
+    is left out. n new tokens take n - 1 decode steps."""
     steps = max(new_tokens - 1, 0)
     kv = sum(kv_per_position * (steps * p + steps * (steps + 1) / 2) for p in prompt_lengths)
     return steps * weight_bytes + kv
 
 
-def measure_decode(model_dir: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """marl-llm's rollout (two adapters mixed) against `generate` (one adapter) at each batch."""
+SETTINGS = {"dynamic": (False, False), "static": (True, False), "compiled": (True, True)}  # (static, compiled)
+
+
+def default_settings(device: str) -> list[str]:
+    """The eager default and the compiled step on CUDA (the static eager step is a diagnostic:
+    `--settings static`); on the CPU, where inductor takes minutes per shape, the two eager loops."""
+    return ["dynamic", "compiled"] if device.startswith("cuda") else ["dynamic", "static"]
+
+
+def copy_bandwidth_tbs(device) -> float:
+    """The device's measured memory bandwidth (TB/s): a 1 GiB (CPU: 256 MiB) tensor copied in
+    place 5 times after one warm-up copy, each copy reading and writing every byte."""
     import torch
 
     from marl_llm.training import perf
+
+    n = (1 << 30 if device.type == "cuda" else 1 << 28) // 4
+    src, dst = torch.ones(n, device=device), torch.empty(n, device=device)
+    dst.copy_(src)
+    t0 = perf.clock(device)
+    for _ in range(5):
+        dst.copy_(src)
+    seconds = perf.clock(device) - t0
+    return 2 * 4 * n * 5 / seconds / 1e12
+
+
+def kernels_per_step(generate, device, steps: int) -> float | None:
+    """GPU kernels launched per decode step of one `generate()` (torch.profiler; None off CUDA).
+    Kernels replayed inside a CUDA graph count where the profiler sees them (CUPTI's graph tracing)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if device.type != "cuda":
+        return None
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        generate()
+        torch.cuda.synchronize(device)
+    kernels = sum(1 for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA"))
+    return kernels / max(steps, 1)
+
+
+def measure_decode(model_dir: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """marl-llm's rollout (two adapters mixed) in each setting against `generate` (one adapter) at each batch."""
+    import torch
+
+    from marl_llm.models.memory import kv_cache_bytes
     from marl_llm.models.policies import lora_weights
     from marl_llm.models.prompting import encode_prompt
     from marl_llm.rollout.base import GenRequest
     from marl_llm.rollout.decode import left_pad
     from marl_llm.rollout.sampling import SamplingParams
+    from marl_llm.rollout.static_step import compile_counts
+    from marl_llm.training import perf
     from marl_llm.training.setup import build, quiet_libraries, seed_everything
 
     batches = sorted(args.batches)
+    settings = args.settings or default_settings(args.device)
     cfg = compose(base_overrides(model_dir, args, work / "decode") + [
         "algo=magrpo", "task=humaneval", "task.prompts=paper", f"trainer.sequences_per_generate={max(batches)}",
         *args.decode_overrides])
@@ -158,6 +203,7 @@ def measure_decode(model_dir: Path, args: argparse.Namespace, work: Path) -> dic
     policies, task = run.policies, run.task
     model, tok = policies.models[0], policies.tokenizers[0]
     device = policies.device
+    hf = run.rollout.inner  # HFRollout: its decode setting is switched per setting below
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():  # fresh LoRA B matrices are zero: make the adapters act (and differ)
         for k, adapter in policies.trainable_adapters():
@@ -172,9 +218,12 @@ def measure_decode(model_dir: Path, args: argparse.Namespace, work: Path) -> dic
     if not base.config.tie_word_embeddings:  # an untied input embedding is read a row per token, not whole
         emb = base.get_input_embeddings().weight
         weight_bytes -= emb.numel() * emb.element_size()
-    shape = perf.ModelShape.of(model)
-    itemsize = torch.empty((), dtype=policies.dtype).element_size()
-    bandwidth = perf.memory_bandwidth_tbs(device, args.bandwidth_tbs)
+    kv_per_position = kv_cache_bytes(base.config, policies.dtype, 1)
+    datasheet = perf.memory_bandwidth_tbs(device)
+    measured = copy_bandwidth_tbs(device)
+    bandwidth = args.bandwidth_tbs or measured
+    say(f"memory bandwidth: {measured:.3g} TB/s measured (copy){f', {datasheet:.3g} TB/s datasheet' if datasheet else ''}"
+        f"; the roofline uses {bandwidth:.3g} TB/s")
     rows_out = []
     for B in batches:
         # Rows as a MAGRPO rollout has them: per problem, each agent's prompt with G siblings.
@@ -184,52 +233,75 @@ def measure_decode(model_dir: Path, args: argparse.Namespace, work: Path) -> dic
                 requests += [GenRequest(i, message, sp, key=len(requests) + g) for g in range(SIBLINGS)]
         requests = requests[:B]
         prompts = [encode_prompt(tok, r.message) for r in requests]
-        timings: dict[str, list[float]] = {"decode": [], "generate": []}
-        flops_before = run.meter.generate_flops
-        for rep in range(1 + args.reps):  # the first of each is a warm-up
-            t0 = perf.clock(device)
-            out = run.rollout.generate(requests)
-            seconds = perf.clock(device) - t0
-            assert all(len(c.completion_ids) == args.new_tokens for c in out), "fixed lengths: min = max new tokens"
-            if rep:
-                timings["decode"].append(seconds)
-            model.set_adapter(policies.agents[0].adapter)
-            ids, att, _ = left_pad(prompts, tok.pad_token_id)
+        model.set_adapter(policies.agents[0].adapter)
+        ids, att, _ = left_pad(prompts, tok.pad_token_id)
+
+        def generate() -> None:
             with torch.inference_mode(), policies.autocast(0):
-                t0 = perf.clock(device)
                 model.generate(input_ids=ids.to(device), attention_mask=att.to(device), do_sample=True,
                                temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=args.new_tokens,
                                min_new_tokens=args.new_tokens, pad_token_id=tok.pad_token_id)
-                seconds = perf.clock(device) - t0
+
+        generate_s = []
+        for rep in range(1 + args.reps):  # the first is a warm-up
+            t0 = perf.clock(device)
+            generate()
             if rep:
-                timings["generate"].append(seconds)
-        decode_s, generate_s = statistics.median(timings["decode"]), statistics.median(timings["generate"])
+                generate_s.append(perf.clock(device) - t0)
         tokens = B * args.new_tokens
-        need = decode_bytes_per_run(shape, weight_bytes, [len(p) for p in prompts], args.new_tokens, itemsize)
-        row = {"batch": B, "new_tokens": args.new_tokens, "mean_prompt_tokens": sum(map(len, prompts)) / B,
-               "decode_s": decode_s, "generate_s": generate_s,
-               "decode_tokens_per_s": tokens / decode_s, "generate_tokens_per_s": tokens / generate_s,
-               "decode_vs_generate": generate_s / decode_s,
-               "decode_ms_per_step": 1000 * decode_s / args.new_tokens,
-               "generate_ms_per_step": 1000 * generate_s / args.new_tokens,
-               "bytes_read_per_run": need,
-               "decode_tflop_per_run": (run.meter.generate_flops - flops_before) / (1 + args.reps) / 1e12}
-        if bandwidth:
-            row["decode_roofline"] = need / (bandwidth * 1e12) / decode_s
-            row["generate_roofline"] = need / (bandwidth * 1e12) / generate_s
-        if run.meter.peak_tflops:
-            row["decode_mfu"] = row["decode_tflop_per_run"] / (decode_s * run.meter.peak_tflops)
-        rows_out.append(row)
-        say(f"batch {B}: decode {row['decode_tokens_per_s']:.0f} tok/s ({row['decode_ms_per_step']:.1f} ms/step, two "
-            f"adapters mixed), generate {row['generate_tokens_per_s']:.0f} tok/s ({row['generate_ms_per_step']:.1f} "
-            f"ms/step, one adapter): x{row['decode_vs_generate']:.2f}"
-            + (f"; roofline {row['decode_roofline']:.1%} vs {row['generate_roofline']:.1%}" if bandwidth else ""))
-    info = {"rows": rows_out, "weight_bytes": weight_bytes, "bandwidth_tbs": bandwidth,
-            "kv_bytes_per_position": 2 * shape.n_layers * shape.kv_dim * itemsize,
+        need = decode_bytes_per_run(kv_per_position, weight_bytes, [len(p) for p in prompts], args.new_tokens)
+        for setting in settings:
+            hf.static, hf.compile_decode = SETTINGS[setting]
+            decode_s, counts, flops_before = [], [compile_counts()], run.meter.generate_flops
+            for rep in range(1 + args.reps):  # the first is a warm-up (and compiles)
+                t0 = perf.clock(device)
+                out = run.rollout.generate(requests)
+                seconds = perf.clock(device) - t0
+                counts.append(compile_counts())
+                assert all(len(c.completion_ids) == args.new_tokens for c in out), "fixed lengths: min = max new tokens"
+                if rep:
+                    decode_s.append(seconds)
+            decode, generated = statistics.median(decode_s), statistics.median(generate_s)
+
+            def delta(key: str, i: int) -> int | None:
+                a, b = counts[i][key], counts[i + 1][key]
+                return None if a is None or b is None else b - a
+
+            later = [delta("cudagraph_recordings", i) for i in range(1, len(counts) - 1)]
+            row = {"batch": B, "setting": setting, "new_tokens": args.new_tokens,
+                   "mean_prompt_tokens": sum(map(len, prompts)) / B, "decode_s": decode, "generate_s": generated,
+                   "decode_tokens_per_s": tokens / decode, "generate_tokens_per_s": tokens / generated,
+                   "decode_vs_generate": generated / decode, "decode_ms_per_step": 1000 * decode / args.new_tokens,
+                   "generate_ms_per_step": 1000 * generated / args.new_tokens, "bytes_read_per_run": need,
+                   "decode_tflop_per_run": (run.meter.generate_flops - flops_before) / (1 + args.reps) / 1e12,
+                   "decode_roofline": need / (bandwidth * 1e12) / decode,
+                   "generate_roofline": need / (bandwidth * 1e12) / generated,
+                   "graphs_compiled_first_rollout": delta("graphs", 0),
+                   "graphs_compiled_per_later_rollout": sum(delta("graphs", i) for i in range(1, len(counts) - 1))
+                   / max(len(counts) - 2, 1),
+                   "cudagraph_recordings_first_rollout": delta("cudagraph_recordings", 0),
+                   "cudagraph_rerecordings_per_rollout": None if None in later or not later else sum(later) / len(later),
+                   "kernels_per_step": None}
+            if B == batches[-1]:
+                row["kernels_per_step"] = kernels_per_step(lambda: run.rollout.generate(requests), device,
+                                                           args.new_tokens)
+            if run.meter.peak_tflops:
+                row["decode_mfu"] = row["decode_tflop_per_run"] / (decode * run.meter.peak_tflops)
+            rows_out.append(row)
+            say(f"batch {B}, {setting}: decode {row['decode_tokens_per_s']:.0f} tok/s ({row['decode_ms_per_step']:.1f} "
+                f"ms/step, two adapters mixed), generate {row['generate_tokens_per_s']:.0f} tok/s "
+                f"({row['generate_ms_per_step']:.1f} ms/step, one adapter): x{row['decode_vs_generate']:.2f}; roofline "
+                f"{row['decode_roofline']:.1%} vs {row['generate_roofline']:.1%}"
+                + (f"; {row['kernels_per_step']:.0f} kernels/step" if row["kernels_per_step"] is not None else "")
+                + (f"; CUDA-graph re-recordings per rollout {row['cudagraph_rerecordings_per_rollout']:.1f}"
+                   if row["cudagraph_rerecordings_per_rollout"] is not None else ""))
+    info = {"rows": rows_out, "settings": settings, "weight_bytes": weight_bytes, "bandwidth_tbs": bandwidth,
+            "measured_bandwidth_tbs": measured, "datasheet_bandwidth_tbs": datasheet,
+            "kv_bytes_per_position": kv_per_position,
             "lora": {"r": cfg.algo.lora.r, "target_modules": list(cfg.algo.lora.target_modules)},
-            "temperature": temperature, "sequences_per_generate": max(batches)}
+            "temperature": temperature, "sequences_per_generate": max(batches), "siblings": SIBLINGS}
     run.meter.close()
-    del run, policies, model, task
+    del run, policies, model, task, hf
     free_memory()
     return info
 
@@ -289,84 +361,6 @@ def measure_training(model_dir: Path, args: argparse.Namespace, work: Path) -> d
     return out
 
 
-# ---------------------------------------------------------------------------------- report
-def environment(device: str) -> dict[str, Any]:
-    import torch
-
-    from marl_llm.training import perf
-
-    versions = {}
-    for dist in ("torch", "transformers", "peft"):
-        try:
-            versions[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            versions[dist] = None
-    return {"device": perf.device_name(device), "cuda": torch.version.cuda, "versions": versions,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-
-
-def _f(v: Any, fmt: str) -> str:
-    return "n/a" if v is None else format(v, fmt)
-
-
-def write_report(result: dict[str, Any], out: Path) -> Path:
-    stem = out / f"{result['arch']}_{result['dtype']}"
-    atomic_write_text(stem.with_suffix(".json"), json.dumps(result, indent=2, default=str))
-    env, d, t = result["environment"], result.get("decode") or {}, result.get("training") or {}
-    lines = [f"# marl-llm on {env['device']}: {result['arch']} shapes, {result['dtype']}, random weights", "",
-             f"Command: `{result['command']}`", "",
-             f"torch {env['versions']['torch']} (CUDA {env['cuda']}), transformers {env['versions']['transformers']}, "
-             f"peft {env['versions']['peft']}; {env['date']}. Shapes: {json.dumps(result['shape'])}; "
-             f"{result['parameters'] / 1e9:.3f}B parameters.", ""]
-    if "error" in d:
-        lines += ["## Decode", "", f"Not run: {d['error']}", ""]
-    elif d:
-        lines += ["## Decode: marl-llm's rollout (two adapters mixed) vs transformers generate (one adapter)", "",
-                  f"Fixed {d['rows'][0]['new_tokens']} new tokens per row (min = max), top_p 1, temperature "
-                  f"{d['temperature']}; rows: HumanEval paper prompts of both agents, {SIBLINGS} siblings each; LoRA "
-                  f"r={d['lora']['r']} on {', '.join(d['lora']['target_modules'])}. Roofline: bytes the decode steps "
-                  f"must read (weights {d['weight_bytes'] / 2**30:.2f} GiB per step + KV cache "
-                  f"{d['kv_bytes_per_position'] / 2**10:.0f} KiB per cached position) / (time x "
-                  f"{_f(d['bandwidth_tbs'], '.3g')} TB/s); time includes the prefill.", "",
-                  "| batch | decode tok/s | generate tok/s | decode / generate | decode ms/step | generate ms/step "
-                  "| decode roofline | generate roofline | decode MFU |", "|---|---|---|---|---|---|---|---|---|"]
-        for r in d["rows"]:
-            lines.append(f"| {r['batch']} | {r['decode_tokens_per_s']:.0f} | {r['generate_tokens_per_s']:.0f} "
-                         f"| {r['decode_vs_generate']:.2f}x | {r['decode_ms_per_step']:.2f} "
-                         f"| {r['generate_ms_per_step']:.2f} "
-                         f"| {_f(r.get('decode_roofline'), '.1%')} | {_f(r.get('generate_roofline'), '.1%')} "
-                         f"| {_f(r.get('decode_mfu'), '.2%')} |")
-        lines.append("")
-    if "error" in t:
-        lines += ["## Training", "", f"Not run: {t['error']}", ""]
-    elif t:
-        s = t["summary"]
-        n = len([x for x in t["steps"] if not x["warmup"]])
-        lines += [f"## Training: `experiment={t['experiment']}`, median of {n} step(s) after "
-                  f"{len(t['steps']) - n} warm-up", "",
-                  f"Peak {_f(t['peak_tflops'], '.4g')} TFLOP/s; deterministic algorithms: {t['deterministic']}; "
-                  f"{t['trained_parameters'] / 1e9:.3f}B trained parameters.", "",
-                  "| step s | rollout s | of which generate s | scoring s | update s | MFU generate | MFU update "
-                  "| MFU step | TFLOP/step | peak GPU GiB | trained tokens/step |", "|---" * 11 + "|",
-                  f"| {_f(s.get('step_time'), '.2f')} | {_f(s.get('timing/rollout'), '.2f')} "
-                  f"| {_f(s.get('timing/generate'), '.2f')} | {_f(s.get('timing/scoring'), '.2f')} "
-                  f"| {_f(s.get('timing/update'), '.2f')} | {_f(s.get('perf/mfu/generate'), '.1%')} "
-                  f"| {_f(s.get('perf/mfu/update'), '.1%')} | {_f(s.get('perf/mfu/step'), '.1%')} "
-                  f"| {_f(s.get('perf/tflop/step'), '.1f')} | {_f(s.get('perf/peak_gpu_mem_gib'), '.1f')} "
-                  f"| {_f(s.get('num_tokens'), '.0f')} |", ""]
-    lines += ["## The issue's targets on an H100 (benchmark figures, not assertions)", "",
-              "| target | wanted | measured |", "|---|---|---|"]
-    at64 = next((r for r in d.get("rows", []) if r["batch"] == 64), None)
-    lines += [f"| decode / generate tokens/s at batch 64 | >= {TARGETS['decode_vs_generate_at_64']:.0f}x "
-              f"| {_f(at64 and at64['decode_vs_generate'], '.2f')} |",
-              f"| decode roofline at batch 64 | >= {TARGETS['decode_roofline_at_64']:.0%} "
-              f"| {_f(at64 and at64.get('decode_roofline'), '.1%')} |",
-              f"| update MFU | >= {TARGETS['update_mfu']:.0%} "
-              f"| {_f((t.get('summary') or {}).get('perf/mfu/update'), '.1%')} |", ""]
-    atomic_write_text(stem.with_suffix(".md"), "\n".join(lines))
-    return stem
-
-
 # ------------------------------------------------------------------------------------ main
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="marl-llm-bench gpu", description=__doc__.split("\n\n")[0])
@@ -378,13 +372,15 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64], help="decode batch sizes (rows)")
     ap.add_argument("--new-tokens", type=int, default=256, help="fixed new tokens per row (the paper preset's 256)")
     ap.add_argument("--reps", type=int, default=2, help="timed decode repetitions per batch, after one warm-up")
+    ap.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=None,
+                    help="decode settings to measure (default: dynamic and compiled on CUDA, dynamic and static on the CPU)")
     ap.add_argument("--experiment", default="magrpo_humaneval_paper", help="the preset the training steps run")
     ap.add_argument("--steps", type=int, default=3, help="measured training steps")
     ap.add_argument("--warmup", type=int, default=1, help="training steps before the measured ones")
     ap.add_argument("--peak-tflops", type=float, default=None,
                     help="dense peak TFLOP/s for MFU (default: from the GPU's name, perf.DEVICES)")
     ap.add_argument("--bandwidth-tbs", type=float, default=None,
-                    help="memory bandwidth in TB/s for the roofline (default: from the GPU's name)")
+                    help="memory bandwidth in TB/s for the roofline (default: the device's copy bandwidth, measured)")
     ap.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
                     help="trainer.deterministic for both parts (default: the config's)")
     ap.add_argument("--model-dir", default=None, help="keep the random-weight models here (default: a temp dir)")
@@ -433,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
                 result[part] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
                 say(f"{part} failed: {type(err).__name__}: {err}")
                 free_memory()
+            write_report(result, out)  # after each part: a run stopped later keeps what it measured
         stem = write_report(result, out)
         say(f"wrote {stem}.md and {stem}.json")
     return 1 if failed else 0

@@ -106,30 +106,62 @@ def settle() -> None:
         fn()
 
 
+# Gradients are all-reduced in float32 buckets of at most this many elements (64 MiB), one
+# buffer reused for every bucket: the sync's extra memory is one bucket, not a copy of every
+# trained parameter's gradient (full fine-tuning: the whole model's). DDP's buckets are 25 MiB.
+BUCKET_ELEMENTS = 1 << 24
+
+
 def sync_gradients(params: Iterable[torch.Tensor], weight: float) -> float:
     """Replace every parameter's gradient with the weighted mean over ranks: sum_r w_r g_r / sum_r w_r.
 
     `weight` is this rank's share of the global batch in the unit its loss is normalized by
     (samples, or tokens for token-mean losses), so the result is the gradient of the loss over
-    the whole batch. A parameter without a gradient counts as zero. One all-reduce of a float32
-    buffer [sum of numels + 1]. Returns the global weight (this rank's weight on one process)."""
+    the whole batch. A parameter without a gradient counts as zero (and gets one). The weights
+    are summed first (one all-reduce of a number); then, bucket by bucket (BUCKET_ELEMENTS), the
+    gradients are copied into a float32 buffer, scaled by the weight, all-reduced, divided by the
+    total and written back into each gradient in place. Returns the global weight (this rank's
+    weight on one process)."""
     params = list(params)
     if world().size == 1:
         return weight
     settle()
     device = params[0].device
-    flat = [(p.grad.detach().float() if p.grad is not None else torch.zeros(p.shape, device=device)).flatten()
-            for p in params]
-    buf = torch.cat(flat + [torch.ones(1, device=device)]) * weight
-    _dist().all_reduce(buf)
-    total = float(buf[-1])
-    if total > 0:
-        buf /= total
-    offset = 0
+    weights = torch.tensor([float(weight)], device=device)
+    _dist().all_reduce(weights)
+    total = float(weights)
+    buckets: list[list[torch.Tensor]] = [[]]
+    size = 0
     for p in params:
-        n = p.numel()
-        p.grad = buf[offset:offset + n].view_as(p).to(p.dtype).clone()
-        offset += n
+        if buckets[-1] and size + p.numel() > BUCKET_ELEMENTS:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += p.numel()
+    largest = max(sum(p.numel() for p in b) for b in buckets)
+    buf = torch.empty(largest, dtype=torch.float32, device=device)
+    for bucket in buckets:
+        flat = buf[:sum(p.numel() for p in bucket)]
+        offset = 0
+        for p in bucket:
+            part = flat[offset:offset + p.numel()]
+            if p.grad is None:
+                part.zero_()
+            else:
+                part.copy_(p.grad.detach().reshape(-1))
+            offset += p.numel()
+        flat.mul_(weight)
+        _dist().all_reduce(flat)
+        if total > 0:
+            flat.div_(total)
+        offset = 0
+        for p in bucket:
+            part = flat[offset:offset + p.numel()].view_as(p)
+            if p.grad is None:
+                p.grad = part.to(p.dtype, copy=True)
+            else:
+                p.grad.copy_(part)
+            offset += p.numel()
     return total
 
 

@@ -17,9 +17,13 @@ without repeating K/V: the n_rep query heads of a group are folded into the quer
 so SDPA attends each group to its own K/V head directly. Only the mask is repeated (n_rep
 copies of a [B, 1, S, K] mask, built once per forward pass and shared by all layers, additive in
 the query dtype with its rows aligned for the memory-efficient kernel, which then neither
-converts nor pads it per layer). Single-token decode steps, unmasked passes and anything unusual
-(position bias, paged cache, softcap) go to transformers' own `sdpa`, which handles them without
-a repeat already (`pack_gqa`, `enable_gqa`).
+converts nor pads it per layer). A one-token decode step (S = 1) needs no copy at all: its
+mask [B, 1, 1, K] broadcasts over the n_rep rows of a group, so the step reads each K/V head once
+instead of n_rep times. (transformers' own `sdpa` does the same since 5.23, but not under
+torch.compile, which the compiled decode step is, and not before 5.23: there it repeats K/V to
+every query head: at Qwen2.5's 6-8 query heads per K/V head, repeat_kv writes that many copies
+of the cache and SDPA reads them, 13-17x the bytes of the cache itself.) Unmasked passes and anything
+unusual (position bias, paged cache, softcap) go to transformers' own `sdpa` (`enable_gqa`).
 
 `auto`: flash-attention 2 on CUDA when the `flash_attn` package is importable (GQA and padding
 natively, via unpadding), else `sdpa_gqa` on CUDA and on the CPU (measured on the embedded
@@ -108,7 +112,7 @@ def fold_mask(mask: torch.Tensor, n_rep: int, dtype: torch.dtype) -> torch.Tenso
 def _folded(mask: torch.Tensor, n_rep: int, dtype: torch.dtype) -> torch.Tensor:
     """fold_mask, computed once per transformers mask (every layer of a pass gets the same one).
     An inference-mode mask has no version counter to tell an in-place change: it is folded per
-    layer (only prefills come here in inference mode: one-token decode steps take plain sdpa)."""
+    layer (only prefills come here in inference mode: one-token decode steps fold no mask)."""
     if mask.is_inference():
         return fold_mask(mask, n_rep, dtype)
     hit = _FOLDED.get(mask)
@@ -130,12 +134,16 @@ def sdpa_gqa_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
     B, Hq, S, _ = query.shape
     Hkv = key.shape[1]
     n_rep = Hq // Hkv
-    if (n_rep == 1 or attention_mask is None or S == 1 or attention_mask.dim() != 4 or Hq != Hkv * n_rep
+    if (n_rep == 1 or attention_mask is None or attention_mask.dim() != 4 or Hq != Hkv * n_rep
             or attention_mask.shape[1] not in (1, Hq) or kwargs.get("position_bias") is not None
             or kwargs.get("cache") is not None or kwargs.get("softcap") is not None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    mask = _folded(attention_mask, n_rep, query.dtype)
+    if S == 1:  # a decode step: [Bm, 1, 1, K] broadcasts over a group's rows; a per-head mask is a view
+        Bm, Hm, _, K = attention_mask.shape
+        mask = attention_mask if Hm == 1 else attention_mask.reshape(Bm, Hkv, n_rep, K)
+    else:
+        mask = _folded(attention_mask, n_rep, query.dtype)
     q = query.reshape(B, Hkv, n_rep * S, query.shape[-1])  # heads g * n_rep + r -> rows r * S + s of group g
     out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
     out = out.reshape(B, Hq, S, value.shape[-1]).transpose(1, 2).contiguous()  # [B, S, Hq, Dv]

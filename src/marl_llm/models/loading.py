@@ -100,7 +100,7 @@ def embedded_checkpoint() -> Path:
 
     target.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    _announce(f"converting the embedded GGUF model once into {target} ...")
+    announce(f"converting the embedded GGUF model once into {target} ...")
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF)
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
     # The GGUF loader dequantizes to plain tensors but leaves a quantizer marker that makes
@@ -119,11 +119,11 @@ def embedded_checkpoint() -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _announce(f"converted in {time.time() - t0:.0f}s")
+    announce(f"converted in {time.time() - t0:.0f}s")
     return target
 
 
-def _announce(message: str) -> None:
+def announce(message: str) -> None:
     """Inside a run the line goes to the run's log (console and `cli.log`); called on its own
     (`python -m marl_llm.models.policies`, a benchmark) nothing is configured to show INFO, so print it."""
     log = logging.getLogger("marl_llm")

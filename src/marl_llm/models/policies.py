@@ -109,6 +109,30 @@ def full_model(model, autocast: torch.dtype | None, trainable: bool = True, devi
 
 
 # --------------------------------------------------------------------------------------- agents
+def adamw(params, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over `params` with `adamw_kwargs` (fused on CUDA)."""
+    params = list(params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay,
+                             **adamw_kwargs({p.device.type for p in params}))
+
+
+def adamw_kwargs(device_types: set[str]) -> dict[str, Any]:
+    """AdamW's implementation for parameters on these device types: fused on CUDA (one kernel
+    steps every parameter, instead of a few foreach kernels per step; the update's optimizer step
+    is then bound by reading and writing the fp32 state once), torch's default elsewhere. A
+    resumed optimizer keeps the implementation the run has now (`restore_implementation`)."""
+    return {"fused": True} if device_types == {"cuda"} else {}
+
+
+def restore_implementation(opt: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """`opt.load_state_dict(saved)`, keeping `opt`'s own fused/foreach choice (a checkpoint of a
+    CPU run resumed on CUDA would otherwise bring its unfused setting along, and the reverse)."""
+    own = [{k: g.get(k) for k in ("fused", "foreach")} for g in opt.param_groups]
+    opt.load_state_dict(saved)
+    for group, keep in zip(opt.param_groups, own):
+        group.update(keep)
+
+
 def lora_weights(model, adapter: str) -> dict[str, torch.nn.Parameter]:
     """One adapter's LoRA weights of a peft model, by name ("<...>.<adapter>.<...>lora_<A|B>...")."""
     return {n: p for n, p in model.named_parameters() if f".{adapter}." in n and "lora_" in n}
@@ -219,8 +243,7 @@ class AgentPolicies:
         self._adapter_params = {(k, name): dict(self.models[k].named_parameters()) if self.full
                                 else lora_weights(self.models[k], name) for k, name in self.trainable_adapters()}
         self.optimizers: dict[tuple[int, str], torch.optim.Optimizer] = {
-            key: torch.optim.AdamW(self.adapter_parameters(*key), lr=algo_cfg.learning_rate,
-                                   weight_decay=algo_cfg.weight_decay)
+            key: adamw(self.adapter_parameters(*key), algo_cfg.learning_rate, algo_cfg.weight_decay)
             for key in self.trainable_adapters()}
 
     def _add_full_policies(self, base, tok, base_spec: str | None, names: tuple[str, ...], policy_map: dict,
@@ -382,4 +405,4 @@ class AgentPolicies:
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         for (k, name), opt in self.optimizers.items():
-            opt.load_state_dict(state[f"{k}/{name}"])
+            restore_implementation(opt, state[f"{k}/{name}"])

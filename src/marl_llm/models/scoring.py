@@ -41,6 +41,14 @@ from marl_llm.distributed import fsdp
 # 40 / 129 / 352 / 994 MB); time flat from 128 rows up, 2.4x slower at 32. Not a config key:
 # ~350 MB is small next to the decoder's activations at any size where it matters.
 LOGIT_CHUNK_ELEMENTS = 1 << 24
+# When the head itself trains (full fine-tuning: its tied embeddings), every chunk's backward adds
+# a whole [V, d] gradient into the head's .grad (and, under autocast, casts the whole head again in
+# the recomputation): at 110 rows a chunk that is ~300 times per micro-batch of 32k tokens at
+# Qwen's vocabulary, each moving ~4 GB of the head, several times the chunk's own matmuls. Chunks
+# are then at least this many tokens (the head's traffic about a quarter of its FLOPs' time at
+# 1024; the extra peak is ~3 GB of [1024, 152k] fp32 buffers, next to a full fine-tuning's
+# 16 bytes per parameter).
+TRAINED_HEAD_CHUNK_TOKENS = 1024
 
 # Config attributes of transformers models whose logits are not `lm_head(hidden)`.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_logits_scaling")
@@ -171,6 +179,8 @@ def token_logprobs(states: torch.Tensor, targets: torch.Tensor, mask: torch.Tens
     entropy = {"chunks": [], "done": False} if with_entropy else None
     params_need_grad = head is not None and any(p.requires_grad for p in head.parameters())
     grad = torch.is_grad_enabled() and (rows.requires_grad or params_need_grad)
+    if grad and params_need_grad:  # the head trains: chunks by tokens (TRAINED_HEAD_CHUNK_TOKENS)
+        n = max(n, TRAINED_HEAD_CHUNK_TOKENS)
     pieces = []
     with _autocast(autocast):
         for x, t in zip(torch.split(rows, n), torch.split(wanted, n)):

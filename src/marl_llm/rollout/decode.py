@@ -17,18 +17,21 @@ import contextlib
 from typing import Any, Callable
 
 import torch
-from transformers.cache_utils import DynamicLayer, StaticCache
+from transformers.cache_utils import DynamicLayer
 
 from marl_llm.distributed import fsdp
-
 from marl_llm.models import scoring
-from marl_llm.config import UserError
+from marl_llm.models.cache_api import cache_kwargs, output_cache
+from marl_llm.models.loading import announce
+from marl_llm.models.memory import kv_budget, kv_cache_bytes
+from marl_llm.models.policies import AgentPolicies
+from marl_llm.models.prompting import encode_prompt
 from marl_llm.rollout.base import PROGRESS, Completion, GenRequest
 from marl_llm.rollout.mixed_lora import MixedLoRA, has_adapters
 from marl_llm.rollout.sampling import PerRowSampling, SamplingParams, uniform_draws
+from marl_llm.rollout.static_step import (CAPACITY_MULTIPLE, ROW_MULTIPLE, compiled_step, full_attention_only,
+                                          kept_cache_bytes, model_step, round_up, static_cache)
 from marl_llm.rollout.stops import cut_at_stop, stop_position
-from marl_llm.models.policies import AgentPolicies
-from marl_llm.models.prompting import encode_prompt
 
 def cut_at_eos(generated: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, bool]:
     """Generated ids [L] → (ids through the first EOS, truncated?). Anything after the first EOS
@@ -50,16 +53,24 @@ class HFRollout:
     inline, with no host read of the device per token. Every row acts with its
     own agent's adapter through `MixedLoRA` (peft's mixed batches as a fallback). Fully
     fine-tuned policies (algo.lora=null) are one model each: a chunk is one policy's rows.
-    `decode` (trainer.decode): "dynamic" (rows leave the batch) or "static" (fixed shapes, a
-    StaticCache); `compile_decode` (trainer.compile_decode) runs the static step under torch.compile.
+    `decode` (trainer.decode): "dynamic" (rows leave the batch), "static" (fixed shapes, a
+    StaticCache) or "auto"; `compile_decode` (trainer.compile_decode: true, false or "auto") runs
+    the static step under torch.compile (`resolve_decode`).
+
+    Rows per generate call: at most `max_batch` (trainer.sequences_per_generate), and at most what
+    the KV budget holds (`kv_cache_gib`: GiB, or "auto", from the memory free at each call;
+    models/memory.py). Each row's cache holds the chunk's longest prompt plus its largest
+    max_new_tokens; the budget is told once (`kv_chunks`).
     """
 
     def __init__(self, policies: AgentPolicies, max_batch: int = 64, decode: str = "dynamic",
-                 compile_decode: bool = False):
+                 compile_decode: bool | str = False, kv_cache_gib: Any = "auto"):
         self.policies = policies
         self.max_batch = max_batch
-        self.static = decode == "static"
-        self.compile_decode = compile_decode
+        self.static, self.compile_decode = resolve_decode(
+            decode, compile_decode, policies.device.type, all(full_attention_only(m) for m in policies.models))
+        self.kv_cache_gib = kv_cache_gib
+        self._told_budget = False
 
     def update_weights(self) -> None:
         """The adapters are the trainer's own tensors: nothing to sync (a vLLM rollout would push them)."""
@@ -71,19 +82,36 @@ class HFRollout:
         for j, r in enumerate(requests):
             by_model.setdefault(self.policies.agents[r.agent].model_index, []).append(j)
         for k, rows in by_model.items():
-            for start in range(0, len(rows), self.max_batch):
-                chunk = rows[start:start + self.max_batch]
-                completions = self._generate_chunk(k, [requests[j] for j in chunk])
-                for j, c in zip(chunk, completions):
-                    out[j] = c
+            prompts = [encode_prompt(self.policies.tokenizers[k], requests[j].message) for j in rows]
+            for chunk in self._chunks(k, prompts, [requests[j].sampling.max_new_tokens for j in rows]):
+                completions = self._generate_chunk(k, [requests[rows[i]] for i in chunk], [prompts[i] for i in chunk])
+                for i, c in zip(chunk, completions):
+                    out[rows[i]] = c
                 PROGRESS.debug("generated", extra={"sequences": len(chunk),
                                                    "tokens": sum(len(c.completion_ids) for c in completions)})
         PROGRESS.debug("generate done")
         return out  # type: ignore[return-value]
 
-    def _generate_chunk(self, k: int, requests: list[GenRequest]) -> list[Completion]:
+    def _chunks(self, k: int, prompts: list[list[int]], new_tokens: list[int]) -> list[list[int]]:
+        """The rows of model k cut into generate calls within max_batch and the KV budget."""
+        model = self.policies.models[k]
+        held = kept_cache_bytes(model) if self.compile_decode else 0
+        budget, how = kv_budget(self.policies.device, self.kv_cache_gib, held)
+        per_position = kv_cache_bytes(model.config, self.policies.dtype, 1)
+        compiled = self.static and self.compile_decode
+        chunks = kv_chunks([len(p) for p in prompts], new_tokens, self.max_batch, budget // per_position,
+                           ROW_MULTIPLE if compiled else 1, CAPACITY_MULTIPLE if compiled else 1)
+        if not self._told_budget:
+            self._told_budget = True
+            width, steps = max(len(p) for p in prompts), max(new_tokens)
+            fit = budget // per_position // (2 * width + steps)
+            announce(f"KV cache budget {budget / 2**30:.1f} GiB ({how}; trainer.kv_cache_gib sets it): a cached "
+                     f"position takes {per_position / 2**10:.3g} KiB, so {fit} rows of {width} + {steps} positions fit "
+                     f"in one generate call (trainer.sequences_per_generate={self.max_batch} at most)")
+        return chunks
+
+    def _generate_chunk(self, k: int, requests: list[GenRequest], prompts: list[list[int]]) -> list[Completion]:
         model, tok = self.policies.models[k], self.policies.tokenizers[k]
-        prompts = [encode_prompt(tok, r.message) for r in requests]
         adapters = [self.policies.agents[r.agent].adapter for r in requests]
         eos_ids = self.policies.eos_ids[k]
         rules = [r.sampling.stop for r in requests]
@@ -96,6 +124,37 @@ class HFRollout:
                                row_keys=[r.key for r in requests], static=self.static,
                                compile_step=self.compile_decode, stop_check=stopped if any(rules) else None)
         return [to_completion(tok, p, ids, eos_ids, rule) for p, ids, rule in zip(prompts, generated, rules)]
+
+
+def resolve_decode(decode: str, compile_decode: bool | str, device_type: str, full_attention: bool) -> tuple[bool, bool]:
+    """(static, compiled) for trainer.decode / trainer.compile_decode. auto: the static step
+    compiled into CUDA graphs on CUDA for a model whose layers all attend in full (the fixed-shape
+    step CUDA graphs replay), the dynamic eager loop otherwise (on the CPU compiling only costs:
+    docs/gpu.md); compile_decode=auto compiles a static step on CUDA."""
+    static = decode == "static" or (decode == "auto" and device_type == "cuda" and full_attention)
+    compiled = compile_decode is True or (compile_decode == "auto" and static and device_type == "cuda")
+    return static, static and compiled
+
+
+def kv_chunks(prompt_lengths: list[int], new_tokens: list[int], max_rows: int, max_positions: int,
+              row_multiple: int = 1, capacity_multiple: int = 1) -> list[list[int]]:
+    """Rows (indices, in order) cut into generate calls: at most `max_rows` each, and at most
+    `max_positions` cached positions (the KV budget over a position's bytes). A call of r rows
+    whose longest prompt is P and largest max_new_tokens N caches r * (P + N) positions, and while
+    its prefill's cache moves into the decode's, r * P more (rows and the P + N positions rounded
+    up as a compiled step rounds them). A row alone over the budget still gets its own call."""
+    chunks: list[list[int]] = []
+    chunk: list[int] = []
+    width = steps = 0
+    for i, (p, n) in enumerate(zip(prompt_lengths, new_tokens)):
+        w, s = max(width, p), max(steps, n)
+        cost = round_up(len(chunk) + 1, row_multiple) * (w + round_up(w + s, capacity_multiple))
+        if chunk and (len(chunk) >= max_rows or cost > max_positions):
+            chunks.append(chunk)
+            chunk, w, s = [], p, n
+        chunk.append(i)
+        width, steps = w, s
+    return chunks + [chunk] if chunk else chunks
 
 
 def to_completion(tokenizer, prompt: list[int], generated: torch.Tensor, eos_ids: list[int],
@@ -179,41 +238,6 @@ def preallocate(cache: Any, new_tokens: int) -> None:
 COMPACT_EVERY = 16
 
 
-def static_cache(model, cache: Any, capacity: int) -> StaticCache:
-    """transformers' StaticCache (fixed [B, H, capacity, D] buffers written in place at a
-    position kept on the device: every decode step has the same shapes, so it can be captured by
-    CUDA graphs / torch.compile) holding a prefilled DynamicCache's keys and values [B, H, P, D]."""
-    layers = getattr(cache, "layers", [])
-    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
-        raise UserError(f"trainer.decode=static needs a model whose layers all use full attention, but "
-                        f"{type(model).__name__} caches {sorted({type(l).__name__ for l in layers})}: "
-                        "set trainer.decode=dynamic")
-    static = StaticCache(config=model.config, max_cache_len=capacity)
-    for fixed, filled in zip(static.layers, layers, strict=True):
-        fixed.update(filled.keys, filled.values)  # allocates [B, H, capacity, D], writes positions [0, P)
-    return static
-
-
-def _model_step(model, token: torch.Tensor, position: torch.Tensor, attention_mask: torch.Tensor, cache: Any,
-                **kwargs: Any) -> torch.Tensor:
-    """One decode step: next-token logits [B, V] for the tokens [B, 1] at positions [B, 1]."""
-    return model(input_ids=token, position_ids=position, attention_mask=attention_mask, past_key_values=cache,
-                 use_cache=True, logits_to_keep=1, **kwargs).logits[:, -1]
-
-
-_COMPILED_STEPS: dict[str, Callable[..., torch.Tensor]] = {}
-CAPACITY_MULTIPLE = 64  # a compiled static cache's length is rounded up to a multiple of this
-
-
-def compiled_step(device: torch.device) -> Callable[..., torch.Tensor]:
-    """`_model_step` under torch.compile, built once per process and device kind: CUDA graphs
-    ("reduce-overhead": one launch per step) on a GPU, inductor's fused kernels elsewhere."""
-    mode = "reduce-overhead" if device.type == "cuda" else "default"
-    if mode not in _COMPILED_STEPS:
-        _COMPILED_STEPS[mode] = torch.compile(_model_step, mode=mode)
-    return _COMPILED_STEPS[mode]
-
-
 def decode(model, prompts: list[list[int]], adapters: list[str], params: list[SamplingParams], eos_ids: list[int],
            pad_id: int, mixed_lora: bool = True, preallocate_cache: bool = True,
            row_keys: list[int | None] | None = None, static: bool = False,
@@ -230,10 +254,18 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
     then gathered to the B rows; each decode step feeds [b, 1]. Dynamic (default): b is the rows
     still running, finished rows leaving the batch every COMPACT_EVERY steps. `static`: b = B at
     every step over a StaticCache of P + max_new_tokens positions (fixed shapes; finished rows
-    run on as padding), the same tokens; `compile_step` runs that step under torch.compile.
+    run on as padding), the same tokens; `compile_step` runs that step under torch.compile, over
+    the cache kept for its shape, rows and positions rounded up (static_step.py).
     Nothing reads the device inside the loop but the check every COMPACT_EVERY steps; the
     generated ids stay on the device until the end.
     """
+    compiled = static and compile_step
+    real = len(prompts)
+    if compiled and real % ROW_MULTIPLE:  # extra rows: copies of row 0 (no extra prefill), finished from the start
+        extra = round_up(real, ROW_MULTIPLE) - real
+        prompts, adapters, params = list(prompts) + [prompts[0]] * extra, list(adapters) + [adapters[0]] * extra, \
+            list(params) + [params[0]] * extra
+        row_keys = list(row_keys or [None] * real) + [0] * extra  # keyed: no draw from the global RNG
     device = next(model.parameters()).device
     keys = [(a, tuple(p)) for a, p in zip(adapters, prompts)]
     distinct = list(dict.fromkeys(keys))
@@ -247,7 +279,7 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
     B, max_new = len(prompts), [p.max_new_tokens for p in params]
     steps = max(max_new)
     eos = torch.tensor(eos_ids, device=device)
-    step = compiled_step(device) if static and compile_step else _model_step
+    step = compiled_step(device) if compiled else model_step
     with lora:
         ids, att, pos = left_pad([list(p) for _, p in distinct], pad_id)
         prefill_adapters = [a for a, _ in distinct]
@@ -255,14 +287,14 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
             lora.set_rows(prefill_adapters)
         head = model(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
                      use_cache=True, logits_to_keep=1, **({"adapter_names": prefill_adapters} if peft_mixed else {}))
-        cache = head.past_key_values
+        cache = output_cache(head)
         cache.batch_select_indices(source)  # each row starts from its prompt's keys and values
         width = ids.shape[1]
         capacity = width + steps
         if static:
-            if compile_step:  # fewer distinct shapes to compile (and capture as CUDA graphs)
-                capacity = -(-capacity // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
-            cache = static_cache(model, cache, capacity)
+            if compiled:  # fewer distinct shapes to compile (and capture as CUDA graphs)
+                capacity = round_up(capacity, CAPACITY_MULTIPLE)
+            cache = static_cache(model, cache, capacity, keep=compiled)
         elif preallocate_cache:
             preallocate(cache, steps)
         logits = head.logits[source, -1]  # [B, V]
@@ -280,7 +312,7 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
         if mixed:
             adapter_of_row = lora.adapter_index(adapters)  # [B]
             lora.set_rows(adapter_of_row)
-        finished = torch.zeros(B, dtype=torch.bool, device=device)
+        finished = torch.arange(B, device=device) >= real  # the extra rows of a compiled step
         out = torch.full((B, steps), pad_id, dtype=torch.long, device=device)
         eos_column = torch.isin(torch.arange(logits.shape[-1], device=device), eos)  # [V]
         early_until = max(p.min_new_tokens for p in params)  # no end of sequence before a row's minimum
@@ -318,13 +350,13 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
                     if mixed:
                         adapter_of_row = adapter_of_row[keep]
                         lora.set_rows(adapter_of_row)
-            if compile_step and device.type == "cuda":
+            if compiled and device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()  # the last step's logits are consumed
             logits = step(model, token.unsqueeze(1), next_pos.unsqueeze(1), att if static else att[:, :width + t + 1],
                           cache, **({"adapter_names": [adapters[r] for r in rows]} if peft_mixed else {}))
             next_pos = next_pos + 1
     out = out.cpu()
-    return [out[b, :max_new[b]] for b in range(B)]
+    return [out[b, :max_new[b]] for b in range(real)]
 
 
 # ---------------------------------------------------------------------------------- scoring
@@ -402,7 +434,7 @@ def _shared_prompt_logits(model, prompt: torch.Tensor, completions: list[torch.T
     k, P = len(completions), len(prompt)
     first, first_states, head, autocast = scoring.predicting_states(model, head, 1, input_ids=prompt[None].to(device),
                                                                     use_cache=True)
-    cache = first.past_key_values
+    cache = output_cache(first)
     if cache is None or not hasattr(cache, "layers"):
         return None
     for layer in cache.layers:  # one copy of the prompt's keys/values per completion
@@ -414,7 +446,7 @@ def _shared_prompt_logits(model, prompt: torch.Tensor, completions: list[torch.T
     ids = ids.to(device)
     _, tail_states, tail_head, _ = scoring.predicting_states(
         model, head, C, input_ids=ids, attention_mask=att.to(device), position_ids=pos.to(device),
-        past_key_values=cache, use_cache=True)
+        use_cache=True, **cache_kwargs(cache))
     if tail_head is not head:  # the lean path fell back between the two passes: pack instead
         return None
     # The prompt's last position predicts completion token 0; completion position t predicts t+1.

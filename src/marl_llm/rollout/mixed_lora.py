@@ -12,7 +12,10 @@ row mask [rows, 1, n*r] keeps each row's own block:
 Two small matmuls per layer, whatever the number of agents. The stacks are in the compute dtype:
 bf16/fp16 on a bf16/fp16 base or under autocast (peft keeps adapters fp32, which would run the
 LoRA matmuls in fp32, off the tensor cores), else the adapters' own fp32. The row mask is built
-once per batch composition (set_rows), not per step. Exact for vanilla LoRA (no DoRA or
+once per batch composition (set_rows), not per step. The stacks, the row mask and each layer's
+mixed forward are kept per model between rollouts and refilled in place (`_Kept`): a compiled
+decode step (CUDA graphs) replays the addresses it recorded, and new tensors would make it record
+again every rollout (rollout/static_step.py). Exact for vanilla LoRA (no DoRA or
 other variants, no LoRA bias, no dropout at inference); a model with any other LoRA layer keeps
 peft's own mixed-batch path (`MixedLoRA.supported`). A fully fine-tuned policy (algo.lora=null)
 is its own model: it has no LoRA layers and never comes here (`has_adapters`).
@@ -21,6 +24,8 @@ is its own model: it has no LoRA layers and never comes here (`has_adapters`).
 from __future__ import annotations
 
 import types
+import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -40,6 +45,35 @@ def _lora_linears(model) -> list[Any]:
     return [m for m in model.modules() if isinstance(m, LoraLayer)]
 
 
+@dataclass
+class _Kept:
+    """What MixedLoRA keeps of one model between rollouts: the row mask in use and one buffer per
+    row count (refilled in place), and each LoRA layer's mixed forward (one bound method per layer,
+    reading its stacks `layer._mixed_A` / `layer._mixed_B`, which stay on the layer)."""
+
+    mask: torch.Tensor | None = None
+    masks: dict[tuple, torch.Tensor] = field(default_factory=dict)
+    forwards: dict[int, Any] = field(default_factory=dict)
+
+
+_KEPT: "weakref.WeakKeyDictionary[Any, _Kept]" = weakref.WeakKeyDictionary()
+
+
+def _static(t: torch.Tensor) -> torch.Tensor:
+    """Mark a kept buffer as a fixed address for CUDA graphs (a step input that is not copied in)."""
+    torch._dynamo.mark_static_address(t)
+    return t
+
+
+def _refill(held: torch.Tensor | None, value: torch.Tensor) -> torch.Tensor:
+    """`held` with `value` copied into it when their shape, dtype, device and inference mode
+    agree (the same address), else `value` as a new kept buffer."""
+    if (held is not None and held.shape == value.shape and held.dtype == value.dtype and held.device == value.device
+            and held.is_inference() == torch.is_inference_mode_enabled()):
+        return held.copy_(value)
+    return _static(value)
+
+
 class MixedLoRA:
     """Context manager: while active, the model's LoRA layers apply the adapter of each row.
 
@@ -50,8 +84,8 @@ class MixedLoRA:
 
     def __init__(self, model, adapters: list[str]):
         self.model = model
-        self.adapters = list(dict.fromkeys(adapters))
-        self.mask: torch.Tensor | None = None  # [rows, 1, n*r_max] in the compute dtype
+        self.adapters = sorted(set(adapters))  # one order for every batch composition (its kept stacks)
+        self._kept = _KEPT.setdefault(model, _Kept())
         self._layers = _lora_linears(model)
         self._r = max(layer.lora_A[a].weight.shape[0] for layer in self._layers for a in self.adapters)
         first = self._layers[0]
@@ -79,12 +113,20 @@ class MixedLoRA:
         index = {a: i for i, a in enumerate(self.adapters)}
         return torch.tensor([index[a] for a in adapter_of_row], device=self.device)
 
+    @property
+    def mask(self) -> torch.Tensor | None:
+        """The row mask [rows, 1, n*r_max] in the compute dtype (None outside the context)."""
+        return self._kept.mask
+
     def set_rows(self, adapter_of_row: list[str] | torch.Tensor) -> None:
         """The adapter of each batch row: names, or indices [rows] from `adapter_index`. Call it
-        when the rows change (not every step): the row mask is one comparison."""
+        when the rows change (not every step): the row mask is one comparison, written into the
+        mask kept for this many rows."""
         if not isinstance(adapter_of_row, torch.Tensor):
             adapter_of_row = self.adapter_index(adapter_of_row)
-        self.mask = (adapter_of_row.view(-1, 1, 1) == self._column_adapter).to(self.dtype)
+        mask = (adapter_of_row.view(-1, 1, 1) == self._column_adapter).to(self.dtype)
+        kept = self._kept
+        kept.mask = kept.masks[mask.shape] = _refill(kept.masks.get(mask.shape), mask)
 
     def __enter__(self) -> "MixedLoRA":
         r = self._r
@@ -95,15 +137,24 @@ class MixedLoRA:
                 pad = r - A.shape[0]  # adapters of a smaller rank fill their block with zeros
                 a_blocks.append(torch.nn.functional.pad(A, (0, 0, 0, pad)))
                 b_blocks.append(torch.nn.functional.pad(B * layer.scaling[a], (0, pad)))  # scaled in fp32
-            layer._mixed_A = torch.cat(a_blocks, dim=0).detach().to(self.dtype)  # [n*r, in]
-            layer._mixed_B = torch.cat(b_blocks, dim=1).detach().to(self.dtype)  # [out, n*r]
-            layer.forward = types.MethodType(_mixed_forward(self), layer)
+            stack_a = torch.cat(a_blocks, dim=0).detach().to(self.dtype)  # [n*r, in]
+            stack_b = torch.cat(b_blocks, dim=1).detach().to(self.dtype)  # [out, n*r]
+            # One pair of kept stacks per adapter set: a rollout of one agent's rows and one of
+            # both agents' each find their own buffers again.
+            if getattr(layer, "_mixed_stacks", None) is None:
+                layer._mixed_stacks = {}
+            held_a, held_b = layer._mixed_stacks.get(tuple(self.adapters), (None, None))
+            layer._mixed_A, layer._mixed_B = _refill(held_a, stack_a), _refill(held_b, stack_b)
+            layer._mixed_stacks[tuple(self.adapters)] = (layer._mixed_A, layer._mixed_B)
+            if id(layer) not in self._kept.forwards:
+                self._kept.forwards[id(layer)] = types.MethodType(_mixed_forward(self._kept), layer)
+            layer.forward = self._kept.forwards[id(layer)]
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for layer in self._layers:
-            del layer.forward, layer._mixed_A, layer._mixed_B  # back to the class's (peft's) forward
-        self.mask = None
+            del layer.forward  # back to the class's (peft's) forward; the stacks stay for the next rollout
+        self._kept.mask = None
 
 
 def compute_dtype(base_weight: torch.Tensor, adapter_weight: torch.Tensor) -> torch.dtype:
@@ -117,7 +168,7 @@ def compute_dtype(base_weight: torch.Tensor, adapter_weight: torch.Tensor) -> to
     return adapter_weight.dtype
 
 
-def _mixed_forward(owner: MixedLoRA):
+def _mixed_forward(owner: _Kept):
     def forward(layer, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         result = layer.base_layer(x, *args, **kwargs)
         A, B = layer._mixed_A, layer._mixed_B

@@ -37,9 +37,14 @@ class PerRowSampling:
     reading device values, and every filter is a threshold on the scores: a row keeps the tokens
     whose score is at least its k-th best (top-k) or its nucleus's lowest (top-p), so ties at the
     boundary are all kept and the result depends on the values only, never on a sort's order.
-    `sync_free` (default: on any device but the CPU, where reading a value costs nothing) sorts
-    every top-p row in full instead of trying its top candidates first and sorting the rows whose
-    nucleus is wider: the same result, with no host read of which rows were wide.
+    When every top-p row also has a top-k (the presets: top_k 50 or 20 with top_p), the nucleus
+    is taken inside the top-k: the k best scores, which top-k found already, instead of a sort of
+    the whole vocabulary (152k entries a row at Qwen's vocabulary, every decode step). The result
+    is the same to the bit: the nucleus's mass sums run over the same values in the same order,
+    and a nucleus that would reach past the k best only meets tokens tied with the k-th, which top-k
+    keeps anyway. Otherwise `sync_free` (default: on any device but the CPU, where reading a value
+    costs nothing) sorts every top-p row in full instead of trying its top candidates first and
+    sorting the rows whose nucleus is wider: the same result, with no host read of which rows were wide.
     """
 
     # The nucleus of a trained LM almost always lies in its top few hundred tokens: find it with
@@ -52,6 +57,8 @@ class PerRowSampling:
         self.max_top_k = max(top_k)  # host: 0 when no row filters by top-k
         self.any_top_p = any(p.top_p < 1 for p in params)
         self.any_greedy = any(p.temperature <= 0 for p in params)
+        # host: the nucleus of every top-p row lies within its top-k (see the class docstring)
+        self.top_p_within_top_k = all(k > 0 for p, k in zip(params, top_k) if p.top_p < 1)
         # Per-row tensors [B] (sliced, never rebuilt, when rows leave the batch: `select`).
         self.temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
         self.greedy = torch.tensor([p.temperature <= 0 for p in params], device=device)
@@ -74,12 +81,18 @@ class PerRowSampling:
         """scores [B, V] → filtered float32 scores [B, V] (dropped tokens at the dtype's minimum)."""
         scores = scores.float() / self.temperature.unsqueeze(1)
         neg = torch.finfo(scores.dtype).min
+        top = kth = None
         if self.max_top_k:
             k = min(self.max_top_k, scores.shape[1])
-            kth = scores.topk(k, dim=1).values.gather(1, (self.top_k.clamp(max=k) - 1).unsqueeze(1))
+            top = scores.topk(k, dim=1).values  # [B, k], sorted descending
+            kth = top.gather(1, (self.top_k.clamp(max=k) - 1).unsqueeze(1))  # [B, 1]
             scores = scores.masked_fill(self.has_top_k.unsqueeze(1) & (scores < kth), neg)
         if self.any_top_p:
-            scores = scores.masked_fill(self.top_p_active.unsqueeze(1) & (scores < self._nucleus_floor(scores)), neg)
+            if top is not None and self.top_p_within_top_k:
+                floor = self._nucleus_floor_in_top_k(scores, top, kth)
+            else:
+                floor = self._nucleus_floor(scores)
+            scores = scores.masked_fill(self.top_p_active.unsqueeze(1) & (scores < floor), neg)
         if self.any_greedy:
             best = scores.argmax(dim=1, keepdim=True)
             not_best = torch.ones_like(scores, dtype=torch.bool).scatter(1, best, False)
@@ -96,6 +109,17 @@ class PerRowSampling:
         cdf = self._cdf[:probs.shape[0]].copy_(probs.mul_(FIXED_POINT_ONE))  # = fixed_point(probs)
         cdf.cumsum_(dim=-1)
         return invert_cdf(cdf, u)
+
+    def _nucleus_floor_in_top_k(self, scores: torch.Tensor, top: torch.Tensor, kth: torch.Tensor) -> torch.Tensor:
+        """`_nucleus_floor` of top-k-filtered scores [B, V] from their k best top [B, k] (sorted
+        descending, before the filter) and each row's k-th best kth [B, 1]: no sort. The
+        normaliser is the filtered row's, as in the full sort; a row's own k may be below the
+        list's, whose entries past it are filtered (the dtype's minimum, as in `scores`)."""
+        logz = scores.logsumexp(dim=1, keepdim=True)
+        desc = top.masked_fill(top < kth, torch.finfo(top.dtype).min)  # = the first k of the full sort
+        floor, wide = _nucleus_floor(desc, logz, self.top_p_fixed)
+        # Wider than the list: past it, only tokens tied with the k-th remain, and top-k keeps them all.
+        return torch.where(wide.unsqueeze(1), kth, floor)
 
     def _nucleus_floor(self, scores: torch.Tensor) -> torch.Tensor:
         """The lowest score inside each row's nucleus [B, 1]: the smallest set of best tokens whose

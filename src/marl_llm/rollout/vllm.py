@@ -37,6 +37,13 @@ weights every token's loss by the truncated importance ratio min(exp(logp_traine
 (`algo.rollout_is_cap`; algos/losses.py). An end-of-sequence token vLLM stopped on without
 returning it is appended (it is scored, as HFRollout's are) with a NaN log-prob: weight 1.
 
+Several processes (data-parallel ranks): each rank runs its own engine on its own GPU through
+vLLM's external-launcher executor (`distributed_executor_backend="external_launcher"`, as TRL's
+colocated mode and verl run it): the engine joins the launcher's process group from RANK /
+LOCAL_RANK / WORLD_SIZE, on the device the rank set, instead of starting workers of its own on
+GPU 0. It needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (set here) and a seed per rank. A vLLM without
+that executor is refused in one line (`engine_kwargs_for_world`).
+
 This backend has not run against a real vLLM here (no GPU or vLLM in the development machine):
 tests/test_vllm_rollout.py drives it with a stand-in `vllm` module.
 """
@@ -45,6 +52,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import shutil
 import tempfile
 import typing
@@ -122,6 +130,23 @@ def engine_accepts(vllm: Any, name: str) -> bool:
         return False
 
 
+def engine_kwargs_for_world(vllm: Any, seed: int) -> dict[str, Any]:
+    """The engine arguments that place this rank's engine (and its seed) when the run has several
+    processes (module docstring); {} for one process. Sets the environment the external launcher
+    reads. A vLLM without the external-launcher executor: UserError naming the fix."""
+    w = distributed.world()
+    if w.size == 1:
+        return {"seed": seed}
+    if not engine_accepts(vllm, "distributed_executor_backend"):
+        raise UserError(f"trainer.rollout=vllm with {w.size} processes needs vLLM's external-launcher executor "
+                        "(distributed_executor_backend), which this vLLM lacks: upgrade vLLM, run one process, or "
+                        "use trainer.rollout=hf")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the executor's precondition: the engine in this process
+    for name, value in (("RANK", w.rank), ("LOCAL_RANK", w.local_rank), ("WORLD_SIZE", w.size)):
+        os.environ.setdefault(name, str(value))
+    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1, "seed": seed + w.rank}
+
+
 def sampled_logprobs(sample: Any) -> list[float]:
     """The log-prob of each sampled token of one vLLM `CompletionOutput` (`SamplingParams(logprobs=0)`:
     per position a {token id: Logprob} holding at least the sampled token's); NaN where missing."""
@@ -186,9 +211,9 @@ class VLLMRollout:
         kwargs: dict[str, Any] = dict(
             model=base.name_or_path, tokenizer=base.name_or_path, enable_lora=True, max_loras=len(self.adapters),
             max_lora_rank=rank, dtype={torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(policies.dtype, "float32"),
-            gpu_memory_utilization=gpu_memory_utilization, seed=policies.seed,
+            gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=True,  # siblings share their prompt's KV blocks
-            enable_sleep_mode=sleep)
+            enable_sleep_mode=sleep, **engine_kwargs_for_world(vllm, policies.seed))
         if engine_accepts(vllm, "logprobs_mode"):
             # The sampled tokens' log-probs under the raw model (what the trainer computes), not
             # after temperature / top-k / top-p. (Older V1 engines return raw ones by default.)

@@ -2,7 +2,7 @@
 
 `<run_dir>/checkpoint.pt` holds the adapters (with algo.lora=null: every policy's full weights,
 fp32 master weights as trained, under the same "adapters" key, marked by "weights": "full"), the
-optimizer states, the step, every RNG state, the resolved config, the W&B run id and how far the
+optimizer states, the step, the RNG states (CUDA: the rank's own GPU's), the resolved config, the W&B run id and how far the
 local logs had got. It is written to a temporary file in the same directory; then the previous
 checkpoint becomes `checkpoint.prev.pt` and the new one is renamed into place. A kill at any
 moment leaves at least one complete checkpoint. Each checkpoint's SHA-256 is kept beside it
@@ -57,7 +57,10 @@ def rng_state() -> dict[str, Any]:
                    "has_gauss": int(has_gauss), "gauss": float(gauss)}
     state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # This rank's own GPU only (the current device: each rank's, set when it joined the
+        # group): a resume may see another number of GPUs (torchrun against SLURM's
+        # --gpus-per-task), and the other GPUs' generators are other ranks' business.
+        state["cuda_device"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -68,8 +71,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
         n = (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
     np.random.set_state(n)  # checkpoints from before plain data hold numpy's own tuple
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if not torch.cuda.is_available():
+        return
+    if "cuda_device" in state:
+        torch.cuda.set_rng_state(state["cuda_device"])
+    elif "cuda" in state:  # an older checkpoint: every visible GPU's state; this rank's is its device's
+        device = torch.cuda.current_device()
+        if device < len(state["cuda"]):
+            torch.cuda.set_rng_state(state["cuda"][device])
 
 
 def save_checkpoint(run_dir: Path, cfg: DictConfig, policies: AgentPolicies, step: int,

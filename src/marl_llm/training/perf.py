@@ -70,6 +70,8 @@ from typing import Any, Iterator
 
 import torch
 
+from marl_llm.models.cache_api import call_cache
+
 
 # ---------------------------------------------------------------------------------- devices
 @dataclass(frozen=True)
@@ -300,7 +302,12 @@ class FlopCounter:
     # -- hooks
     def watch(self, model) -> ModelShape | None:
         """Count every pass of `model` (a transformers causal LM, a peft model, a full policy)
-        from now on; returns its shape (None for a model without a decoder/LM head to hook)."""
+        from now on; returns its shape (None for a model without a decoder/LM head to hook).
+
+        A pass inside a torch.compile'd region is not counted: the hooks return at once when
+        traced, so the compiled graph holds nothing of them (no guard on the counter's running
+        totals, which would recompile the step at every call). The one compiled region is the
+        decode step, whose generation MeteredRollout counts from lengths."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         try:
             decoder, head = base.get_decoder(), base.get_output_embeddings()
@@ -328,7 +335,7 @@ class FlopCounter:
 
     def _decoder_hook(self, shape: ModelShape, probe: torch.Tensor | None):
         def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-            if self._paused:
+            if torch.compiler.is_compiling() or self._paused:  # never traced (see `watch`)
                 return
             new, past = _positions(args, kwargs)
             if new is None:
@@ -352,7 +359,7 @@ class FlopCounter:
 
     def _head_hook(self, shape: ModelShape):
         def hook(module: torch.nn.Module, inputs: tuple, output: Any) -> None:
-            if self._paused:
+            if torch.compiler.is_compiling() or self._paused:  # never traced (see `watch`)
                 return
             h = inputs[0]
             flops = head_flops(shape, h.numel() // h.shape[-1])
@@ -380,7 +387,7 @@ def _positions(args: tuple, kwargs: dict) -> tuple[Any, Any]:
         m = (mask.cpu() if mask.device.type == "mps" else mask).to(torch.float64)  # MPS has no float64
         new = m[:, mask.shape[1] - L:].sum(dim=1)
         return new, m.sum(dim=1) - new
-    cache = kwargs.get("past_key_values")
+    cache = call_cache(kwargs)
     # Called after the pass: the cache already holds this pass's L positions.
     past = max(int(cache.get_seq_length()) - L, 0) if cache is not None and hasattr(cache, "get_seq_length") else 0
     return torch.full((B,), float(L), dtype=torch.float64), torch.full((B,), float(past), dtype=torch.float64)

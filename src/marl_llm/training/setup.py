@@ -4,13 +4,14 @@ build the same)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -55,11 +56,38 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     # warn_only: an op with no deterministic CUDA kernel warns (naming itself) instead of
-    # stopping a run that may be days long.
+    # stopping a run that may be days long; the update runs in strict mode (strict_determinism).
     torch.use_deterministic_algorithms(deterministic, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = False
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = False
+
+
+@contextlib.contextmanager
+def strict_determinism(enabled: bool) -> Iterator[None]:
+    """trainer.deterministic inside the update (advantages and optimizer steps: every backward
+    pass): torch's deterministic algorithms in strict mode, not the run's warn-only one. Strict
+    mode is what makes SDPA's memory-efficient backward on CUDA deterministic (it then takes one
+    key split; warn-only mode only warns and keeps the non-deterministic split). An op with no
+    deterministic kernel stops the update with one line naming it, instead of a warning and a run
+    that is not reproducible. Elsewhere (rollouts, evaluation: forward passes only) the run stays
+    in warn-only mode."""
+    if not enabled:
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=False)
+    try:
+        yield
+    except RuntimeError as err:
+        marker = " does not have a deterministic implementation"
+        if marker not in str(err):
+            raise
+        op = str(err).split(marker)[0].strip().splitlines()[-1]
+        raise UserError(f"trainer.deterministic=true: {op} has no deterministic kernel on this device, so the update "
+                        "cannot be bitwise reproducible: set trainer.deterministic=false (or avoid what runs it)") from None
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def gradient_checkpointing(setting: Any, device: torch.device, num_params: int) -> bool:
@@ -125,7 +153,7 @@ def build(cfg: DictConfig, task: Any = None) -> Setup:
                               root=Path(run_dir) / "vllm_adapters" if run_dir else None)
     else:
         rollout = HFRollout(policies, max_batch=tc.sequences_per_generate, decode=tc.decode,
-                            compile_decode=tc.compile_decode)
+                            compile_decode=tc.compile_decode, kv_cache_gib=tc.kv_cache_gib)
     meter = perf.Meter(policies.device, perf.peak_tflops(policies.device, policies.dtype, tc.peak_tflops))
     # Generation timed apart from reward scoring, its FLOPs counted from the completions' lengths.
     rollout = perf.MeteredRollout(rollout, meter, policies)

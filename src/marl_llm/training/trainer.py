@@ -44,7 +44,7 @@ from marl_llm.training.data_order import batch_for_step, ends_epoch
 from marl_llm.training.episodes import JointTree
 from marl_llm.training.evaluation import evaluate, paper_eval_due
 from marl_llm.training.perf import peak_rss_gib
-from marl_llm.training.setup import Setup, build, join_world, seed_everything, quiet_libraries
+from marl_llm.training.setup import Setup, build, join_world, quiet_libraries, seed_everything, strict_determinism
 from marl_llm.training.threads import choose_threads
 
 log = logging.getLogger("marl_llm")  # the console and the job log (training/console.py)
@@ -81,9 +81,10 @@ def train_step(run: Setup, cfg: DictConfig, step: int,
         run.rollout.release()
     t_rollout = run.meter.mark("rollout")
     PROGRESS.debug("phase", extra={"phase": "update"})
-    batches = algo.advantages(tree)
-    stats = algo.update(batches, end_of_epoch=ends_epoch(step, cfg.trainer.prompts_per_step, len(run.train_set),
-                                                         run.max_steps))
+    with strict_determinism(cfg.trainer.deterministic):  # every backward pass of the step is in here
+        batches = algo.advantages(tree)
+        stats = algo.update(batches, end_of_epoch=ends_epoch(step, cfg.trainer.prompts_per_step, len(run.train_set),
+                                                             run.max_steps))
     for sched in run.schedulers:
         sched.step()
     run.rollout.update_weights()

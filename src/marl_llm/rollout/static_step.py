@@ -1,0 +1,156 @@
+"""The fixed-shape decode step (trainer.decode=static) and its compiled form (trainer.compile_decode).
+
+A static step feeds [rows, 1] tokens over a transformers `StaticCache`: fixed [rows, H, capacity, D]
+buffers written in place at a position kept on the device, so every step of a rollout has the
+same shapes and can be captured by CUDA graphs (torch.compile's "reduce-overhead" mode: the whole
+step replays as one graph launch instead of hundreds of kernel launches from Python).
+
+What a capture keeps. CUDA graphs replay fixed memory addresses. The step's static inputs (the
+model's parameters, the cache's buffers, MixedLoRA's adapter stacks: everything marked with
+`torch._dynamo.mark_static_address`) must live at the same addresses in every rollout, or the
+graph is recorded again (a re-recording: a synchronization and a new graph's memory each time).
+So a compiled rollout does not build its cache: it takes the one kept for its
+(rows, capacity, dtype) and resets it (`static_cache(..., keep=True)`; the KEEP most recent
+shapes per model, each holding its KV memory between rollouts, through the update too), and
+MixedLoRA copies the adapters into stacks it keeps (rollout/mixed_lora.py). Fewer distinct
+shapes mean fewer compilations and recordings: a compiled rollout's capacity is rounded up to a
+multiple of CAPACITY_MULTIPLE positions and its rows to a multiple of ROW_MULTIPLE (extra rows
+copy the first one, start finished, and are dropped; decode bandwidth, not rows, bounds a step).
+
+What is counted (`compile_counts`, which `marl-llm-bench gpu` reports per rollout): the graphs
+dynamo has compiled in this process, and on CUDA the graphs CUDA-graph trees have recorded (a
+callback of torch's compile-event hooks; None where this torch has none).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable
+
+import torch
+from transformers.cache_utils import DynamicLayer, StaticCache
+
+from marl_llm.config import UserError
+from marl_llm.models.cache_api import cache_kwargs
+
+CAPACITY_MULTIPLE = 64  # a compiled static cache's length is rounded up to a multiple of this
+ROW_MULTIPLE = 8  # and its rows
+KEEP = 4  # static caches kept per model (the most recently used shapes)
+
+_KEPT: "weakref.WeakKeyDictionary[Any, OrderedDict[tuple, StaticCache]]" = weakref.WeakKeyDictionary()
+
+
+def full_attention_only(model) -> bool:
+    """Whether every layer of the model attends to the whole sequence (what a StaticCache of one
+    capacity holds), from its config: transformers' `layer_types`, else its sliding-window keys."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+    kinds = getattr(cfg, "layer_types", None)
+    if kinds is not None:
+        return all(kind == "full_attention" for kind in kinds)
+    if getattr(cfg, "use_sliding_window", None) is False:
+        return True
+    return getattr(cfg, "sliding_window", None) is None
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def static_cache(model, cache: Any, capacity: int, keep: bool = False) -> StaticCache:
+    """transformers' StaticCache of `capacity` positions holding a prefilled DynamicCache's keys
+    and values [B, H, P, D] at positions [0, P). keep: the one kept for this model and shape
+    (reset and refilled; made and kept on first use), else a fresh one."""
+    layers = getattr(cache, "layers", [])
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        raise UserError(f"trainer.decode=static needs a model whose layers all use full attention, but "
+                        f"{type(model).__name__} caches {sorted({type(l).__name__ for l in layers})}: "
+                        "set trainer.decode=dynamic")
+    first = layers[0].keys
+    shape = (first.shape[0], capacity, first.dtype, first.device, torch.is_inference_mode_enabled())
+    kept = _KEPT.setdefault(model, OrderedDict()) if keep else None
+    static = kept.pop(shape, None) if kept is not None else None
+    if static is None:
+        static = StaticCache(config=model.config, max_cache_len=capacity)
+    else:
+        static.reset()  # zeroes the buffers and the write position, in place
+    for fixed, filled in zip(static.layers, layers, strict=True):
+        fixed.update(filled.keys, filled.values)  # first use allocates [B, H, capacity, D]; writes positions [0, P)
+    if kept is not None:
+        kept[shape] = static  # most recent last
+        while len(kept) > KEEP:
+            kept.popitem(last=False)
+    return static
+
+
+def kept_cache_bytes(model) -> int:
+    """Bytes of the static caches kept for `model` (a rollout's KV budget may reuse them)."""
+    total = 0
+    for static in _KEPT.get(model, {}).values():
+        for layer in static.layers:
+            if getattr(layer, "is_initialized", False):
+                total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+    return total
+
+
+def release_kept_caches(model) -> None:
+    """Drop the static caches kept for `model` (their memory goes with them; the next compiled
+    rollout of each shape records its graph again)."""
+    _KEPT.pop(model, None)
+
+
+def model_step(model, token: torch.Tensor, position: torch.Tensor, attention_mask: torch.Tensor, cache: Any,
+               **kwargs: Any) -> torch.Tensor:
+    """One decode step: next-token logits [B, V] for the tokens [B, 1] at positions [B, 1]."""
+    return model(input_ids=token, position_ids=position, attention_mask=attention_mask, use_cache=True,
+                 logits_to_keep=1, **cache_kwargs(cache), **kwargs).logits[:, -1]
+
+
+_COMPILED_STEPS: dict[str, Callable[..., torch.Tensor]] = {}
+
+
+def compiled_step(device: torch.device) -> Callable[..., torch.Tensor]:
+    """`model_step` under torch.compile, built once per process and device kind: CUDA graphs
+    ("reduce-overhead": one launch per step) on a GPU, inductor's fused kernels elsewhere."""
+    mode = "reduce-overhead" if device.type == "cuda" else "default"
+    if mode not in _COMPILED_STEPS:
+        if device.type == "cuda":
+            count_cudagraph_recordings()
+        _COMPILED_STEPS[mode] = torch.compile(model_step, mode=mode)
+    return _COMPILED_STEPS[mode]
+
+
+# ------------------------------------------------------------------------------------ counters
+_RECORDINGS: list[int] = []  # [graphs recorded] once the callback is installed
+
+
+def count_cudagraph_recordings() -> bool:
+    """Count every CUDA-graph recording of this process from now on (idempotent). False where
+    this torch has no compile-event callback for recordings."""
+    if _RECORDINGS:
+        return True
+    try:
+        from torch._dynamo.callback import CallbackTrigger, callback_handler
+    except ImportError:
+        return False
+    trigger = getattr(CallbackTrigger, "CUDAGRAPH_RECORDING", None)
+    if trigger is None:
+        return False
+
+    def on_start(args: Any = None) -> None:
+        if getattr(args, "callback_trigger", None) == trigger:
+            _RECORDINGS[0] += 1
+
+    _RECORDINGS.append(0)
+    callback_handler.register_start_callback(on_start)
+    return True
+
+
+def compile_counts() -> dict[str, int | None]:
+    """{graphs: graphs dynamo compiled in this process, cudagraph_recordings: CUDA graphs recorded
+    since counting began (None: not counted)}. Differences between two reads count a rollout's."""
+    from torch._dynamo.utils import counters
+
+    return {"graphs": int(counters["stats"]["unique_graphs"]),
+            "cudagraph_recordings": _RECORDINGS[0] if _RECORDINGS else None}
