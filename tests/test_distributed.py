@@ -183,7 +183,9 @@ def test_gradient_sync_is_the_batch_weighted_mean_over_ranks(tmp_path):
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["trainer.prompts_per_step=3"], "trainer.prompts_per_step=3 does not split over 2 processes"),
+    (["trainer.prompts_per_step=3", "trainer.work_split=prompts"],
+     "trainer.prompts_per_step=3 does not split over 2 processes"),
+    (["trainer.placement=groups"], "trainer.placement=groups gives each policy its own ranks, but LoRA policies"),
     (["-m", "seed=0,1"], "never inside torchrun"),
     (["model.device=cuda:0"], "puts every rank on GPU 0: use model.device=cuda"),
 ])

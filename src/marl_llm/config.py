@@ -253,6 +253,19 @@ class TrainerConfig:
     # every layer at every decode step, and free it before the update. Costs a whole copy of the
     # base on every rank during rollouts; false keeps only the shards (and all-gathers per pass).
     fsdp_unshard_rollout: bool = True
+    # Which ranks and devices hold which policy (distributed/placement.py): shared (every policy on
+    # every rank, sharded over all of them with trainer.fsdp) | groups (disjoint groups of ranks,
+    # one per policy; algo.lora=null) | devices (one process, one GPU per policy; algo.lora=null).
+    placement: str = "shared"
+    # placement=groups: each policy's number of ranks, in policy order (null: equal groups).
+    placement_groups: Optional[List[int]] = None
+    # placement=devices: the devices, one per policy in order (null: every visible GPU).
+    placement_devices: Optional[List[str]] = None
+    # How a step's work is split over the ranks: prompts (each rank its own problems) |
+    # joint_actions (the ranks share each problem's joint actions: every generate call and every
+    # mini-batch is split; one prompt per step scales) | auto (prompts when they divide over the
+    # ranks and placement=shared, else joint_actions).
+    work_split: str = "auto"
     # Torch's CPU threads: auto = the fewer of torch's default and the physical cores this process
     # may use (its CPU affinity, e.g. SLURM's --cpus-per-task, and a cgroup CPU quota), or a number.
     # On a box that other jobs keep busy, fewer threads can be many times faster (docs/logging.md).
@@ -278,6 +291,24 @@ class ClusterConfig:
     setup: List[str] = field(default_factory=list)
 
 
+# ---------------------------------------------------------------------------------- memory plan
+@dataclass
+class PlanConfig:
+    """The memory plan (distributed/memory_plan.py; `marl-llm-plan`): the hardware a preset needs,
+    and what the plan assumes. Every run prints its plan first, for its own GPUs, and stops when
+    the plan does not fit."""
+
+    # GPUs marl-llm-plan plans for (null: 1); a run plans for its own number of processes.
+    gpus: Optional[int] = None
+    # Memory per GPU in GiB: what marl-llm-plan plans for (null: 80) and, on the CPU, the budget a
+    # run is checked against (null: none); on CUDA a run reads its device's own.
+    gpu_gib: Optional[float] = None
+    # The longest prompt (tokens) the plan budgets for: KV cache rows and activations.
+    prompt_tokens: int = 512
+    # Stop a run whose plan does not fit (false: print the plan and train anyway).
+    check: bool = True
+
+
 @dataclass
 class RootConfig:
     algo: Any = MISSING
@@ -286,6 +317,7 @@ class RootConfig:
     logger: LoggerConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     seed: int = 0
     # Run directory (checkpoints, metrics.jsonl, samples); defaults to Hydra's output dir.
     run_dir: str = MISSING
@@ -430,8 +462,6 @@ def check_shared(cfg: DictConfig) -> None:
     else:  # full fine-tuning (models.policies.AgentPolicies): what assumes LoRA adapters is refused
         check_value(t.rollout == "hf", "trainer.rollout", "vllm serves LoRA adapters on one base, but algo.lora=null "
                     "fully fine-tunes every policy: use trainer.rollout=hf")
-        check_value(not t.fsdp, "trainer.fsdp", "FSDP shards a frozen base under LoRA adapters, but algo.lora=null "
-                    "fully fine-tunes every policy: set trainer.fsdp=false")
         placement = OmegaConf.select(cfg, "algo.critic.placement")
         check_value(placement in (None, "separate"), "algo.critic.placement", f"{placement} puts the critic on "
                     "the actors' LoRA adapters, but algo.lora=null fully fine-tunes the actors: use "

@@ -63,9 +63,11 @@ def policy_dirs(policies: AgentPolicies) -> dict[tuple[int, str], str]:
     return names
 
 
-def export_agents(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int) -> Path:
+def export_agents(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int,
+                  whole: dict[int, dict[str, torch.Tensor] | Path] | None = None) -> Path:
     """Write every trained policy to <run_dir>/agents/ (replacing an earlier export, atomically);
-    returns that directory."""
+    returns that directory. `whole`: by model index, the state dicts of FSDP-sharded full models,
+    gathered (fsdp.whole_policies), or the directory another rank wrote one to."""
     run_dir = Path(run_dir)
     target = run_dir / AGENTS_DIR
     for leftover in run_dir.glob(f".{AGENTS_DIR}.*"):  # a killed export's temp or set-aside dir
@@ -77,8 +79,11 @@ def export_agents(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int) -
         state = None if policies.full else policies.adapter_state()
         for (k, adapter), name in dirs.items():
             agent_dir = tmp / name
-            if policies.full:
-                policies.models[k].save_pretrained(agent_dir)
+            staged = (whole or {}).get(k)
+            if isinstance(staged, Path):  # written by the first rank of its group (placement=groups)
+                os.rename(staged, agent_dir)
+            elif policies.full:
+                policies.models[k].save_pretrained(agent_dir, state_dict=staged)
             else:
                 _save_adapter(policies, k, adapter, state[f"{k}/{adapter}"], agent_dir)
             policies.tokenizers[k].save_pretrained(agent_dir)
