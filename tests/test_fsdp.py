@@ -415,6 +415,9 @@ FULL_SCRIPT = textwrap.dedent("""
     out["local"] = sum(p.to_local().numel() for p in sharded.models[1].parameters())
     out["whole"] = sum(p.numel() for p in sharded.models[1].parameters())
     norms = [policy_update(sharded, 1, key, *samples(r), settings, micro_batch_size=1)["grad_norm"] for _ in range(2)]
+    # Scoring applied the LM head in chunks to the sharded model's hidden states (no full logits).
+    from marl_llm.models import scoring
+    out["chunked_head"] = scoring.lm_head(sharded.models[1]) is not None and sharded.models[1] not in scoring._UNUSUAL
     got = fsdp.full_state_dict(sharded.models[1])  # whole on rank 0
     # One process with every rank's samples (this rank alone, as a world of one).
     distributed._WORLD = distributed.World()
@@ -442,7 +445,7 @@ def test_full_fine_tuning_sharded_over_ranks_equals_one_process(tiny_model_dir, 
     results = run_ranks(FULL_SCRIPT, tmp_path, tiny_model_dir, ranks)
     assert [r["rank"] for r in results] == list(range(ranks))
     for r in results:
-        assert f"sharded over {ranks} ranks" in r["sharding"]
+        assert f"sharded over {ranks} ranks" in r["sharding"] and r["chunked_head"]
         assert r["whole"] / ranks <= r["local"] < r["whole"] / ranks + 1000  # every trained weight is a shard
     first = results[0]
     assert first["keys"]

@@ -88,7 +88,7 @@ def test_partition_and_account_come_from_the_local_config(tmp_path):
 
 
 @pytest.mark.parametrize("launcher", [None, "basic", "local", "submitit_local", "slurm", "slurm_multigpu",
-                                      "slurm_gres"])
+                                      "slurm_gres", "slurm_8gpu", "slurm_2x8gpu"])
 def test_the_example_local_config_composes_with_every_launcher(tmp_path, launcher):
     example = (REPO / "conf" / "local" / "default.example.yaml").read_text()
     cfg = compose_hydra(conf_copy(tmp_path, example), [f"hydra/launcher={launcher}"] if launcher else [])
@@ -114,20 +114,26 @@ def test_the_local_config_may_make_slurm_the_default_launcher(tmp_path):
     assert cfg.hydra.launcher._target_ == LOCAL_TARGET
 
 
-def test_a_sweep_submits_one_job_array_with_the_local_settings(tmp_path):
-    """`marl-llm -m hydra/launcher=slurm ...` through the real CLI and plugin, up to sbatch: a fake
-    sbatch keeps the script it is given and refuses the job, so the sweep stops right there."""
-    bin_dir, sweep = tmp_path / "bin", tmp_path / "multirun" / "sweep1"
+def fake_sbatch(tmp_path: Path) -> dict:
+    """An environment whose `sbatch` keeps the script it is given (tmp_path/job.sh) and refuses the
+    job, so a sweep stops right there; `srun` is submitit's check that this is a SLURM host."""
+    bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")  # submitit's check that this is a SLURM host
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
     (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {tmp_path}/job.sh\n'
                                     'echo "sbatch: error: refused (test)" >&2\nexit 1\n')
     for f in bin_dir.iterdir():
         f.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_a_sweep_submits_one_job_array_with_the_local_settings(tmp_path):
+    """`marl-llm -m hydra/launcher=slurm ...` through the real CLI and plugin, up to sbatch: a fake
+    sbatch keeps the script it is given and refuses the job, so the sweep stops right there."""
+    sweep, env = tmp_path / "multirun" / "sweep1", fake_sbatch(tmp_path)
     local_dir = tmp_path / "machine"  # --config-dir <dir>: <dir>/local/default.yaml, ahead of conf/
     (local_dir / "local").mkdir(parents=True)
     (local_dir / "local" / "default.yaml").write_text(LOCAL_CFG)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     out = subprocess.run([CLI, "-m", "--config-dir", str(local_dir), "hydra/launcher=slurm", "seed=0,1,2",
                           "hydra.launcher.gpus_per_node=2", f"hydra.sweep.dir={sweep}"],
                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120, check=False)
@@ -143,17 +149,25 @@ def test_a_sweep_submits_one_job_array_with_the_local_settings(tmp_path):
     assert "torchrun" not in script
 
 
+@pytest.mark.parametrize("launcher, nodes", [("slurm_8gpu", 1), ("slurm_2x8gpu", 2)])
+def test_the_8_gpu_presets_submit_one_rank_per_gpu_on_one_and_two_nodes(tmp_path, launcher, nodes):
+    """The presets for 1 and 2 nodes of 8 GPUs, through the real CLI up to a fake sbatch: 8 tasks
+    per node, one per GPU, the host memory for 8 ranks loading their models."""
+    sweep, env = tmp_path / "multirun" / "sweep1", fake_sbatch(tmp_path)
+    out = subprocess.run([CLI, "-m", "--config-dir", str(conf_copy(tmp_path)), f"hydra/launcher={launcher}", "seed=0,1",
+                          "experiment=at_grpo_sokoban_qwen3_8b_paper", f"hydra.sweep.dir={sweep}"],
+                         cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert "refused (test)" in out.stderr, out.stderr[-3000:]
+    script = (tmp_path / "job.sh").read_text()
+    for line in (f"--nodes={nodes}", "--gpus-per-node=8", "--ntasks-per-node=8", "--mem=960GB", "--array=0-1%2"):
+        assert f"#SBATCH {line}\n" in script, (line, script)
+    assert "torchrun" not in script
+
+
 def test_the_gres_preset_sets_gpus_and_ranks_with_one_key(tmp_path):
     """Clusters that take GPUs as --gres=gpu:<n>: `slurm_gres` and one override,
     hydra.launcher.tasks_per_node=<n>, give n GPUs and n ranks, without --gpus-per-node."""
-    bin_dir, sweep = tmp_path / "bin", tmp_path / "multirun" / "sweep1"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
-    (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {tmp_path}/job.sh\n'
-                                    'echo "sbatch: error: refused (test)" >&2\nexit 1\n')
-    for f in bin_dir.iterdir():
-        f.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    sweep, env = tmp_path / "multirun" / "sweep1", fake_sbatch(tmp_path)
     out = subprocess.run([CLI, "-m", "--config-dir", str(conf_copy(tmp_path)), "hydra/launcher=slurm_gres", "seed=0,1",
                           "hydra.launcher.tasks_per_node=4", f"hydra.sweep.dir={sweep}"],
                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120, check=False)

@@ -306,6 +306,8 @@ class ActorCritic(Algorithm):
             comps = [c for i in agents for c in batches[i].completions]
             advs = torch.cat([batches[i].advantages for i in agents])
             s = policy_update(self.policies, agents[0], key, comps, advs, settings, self.micro_batch_size)
+            if not s:  # a policy this rank does not hold (trainer.placement=groups)
+                continue
             s.pop("optimizer_steps")
             stats.update({f"{self.policies.policy_label(key)}/{k}": v for k, v in s.items()})
         # Each critic steps once on the whole batch.
@@ -372,7 +374,8 @@ class ActorCritic(Algorithm):
         for i, parts in actor_parts.items():
             by_policy.setdefault((policies.agents[i].model_index, policies.agents[i].adapter), []).extend(parts)
         for key, parts in by_policy.items():
-            stats.update(step_stats(policies.policy_label(key), parts))
+            if placement.current().holds(key):  # placement=groups: a rank reports its own policy
+                stats.update(step_stats(policies.policy_label(key), parts))
         for j, owner in enumerate(self.owners):
             stats.update(step_stats("critic" if owner is None else f"{self.task.agent_names[owner]}/critic",
                                     critic_parts[j]))

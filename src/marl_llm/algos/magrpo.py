@@ -28,7 +28,7 @@ from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
 from marl_llm.config import PolicyConfig, check_choice, check_policy_updates, check_value
 from marl_llm.training.episodes import JointTree
 from marl_llm.rollout.base import Completion
-from marl_llm.distributed import fsdp
+from marl_llm.distributed import fsdp, placement
 from marl_llm.rollout.decode import completion_logprobs
 from marl_llm.tasks.base import Problem
 
@@ -173,6 +173,8 @@ class MAGRPO(Algorithm):
             advs = torch.cat([batches[i].advantages for i in agents])
             label = self.policies.policy_label(key)
             s = self._update_adapter(agents[0], key, comps, advs)
+            if not s:  # a policy this rank does not hold (trainer.placement=groups)
+                continue
             s.pop("optimizer_steps")
             kls = [batches[i].kl for i in agents if batches[i].kl is not None]
             if kls:  # KL shaped the reward: report the mean per-sequence KL it used
@@ -209,7 +211,8 @@ class MAGRPO(Algorithm):
         self.buffer.run(positions, train, end_of_epoch)
         stats: dict[str, float] = {}
         for key, p in parts.items():
-            stats.update(step_stats(policies.policy_label(key), p))
+            if placement.current().holds(key):  # placement=groups: a rank reports its own policy
+                stats.update(step_stats(policies.policy_label(key), p))
         return stats
 
     def state_dict(self) -> dict:

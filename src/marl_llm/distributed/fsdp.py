@@ -396,11 +396,15 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float | None) -> float:
 
 
 def full_state_dict(model: Any) -> dict[str, torch.Tensor]:
-    """A sharded model's whole state dict on the CPU of the mesh's first rank ({} elsewhere): a
-    collective over the model's mesh (every rank of it calls)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    """A sharded model's whole state dict on the CPU of its mesh's first rank ({} elsewhere),
+    gathered one tensor at a time: a collective over the model's mesh (every rank of it calls)."""
+    first = model._marl_guard.mesh.get_local_rank() == 0
+    out: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        whole = t.full_tensor() if _is_dtensor(t) else t
+        if first:
+            out[name] = whole.detach().to("cpu", copy=True)
+    return out
 
 
 def whole_policies(policies: Any, staging: Any = None) -> dict[int, Any]:
@@ -423,9 +427,16 @@ def whole_policies(policies: Any, staging: Any = None) -> dict[int, Any]:
             state = full_state_dict(model)
             if me == 0:
                 out[k] = state
-            elif me == ranks[0]:
+            elif me == ranks[0]:  # transformers' save_pretrained writes on rank 0 only: the files by hand
+                from safetensors.torch import save_file
+
                 target = Path(staging) / f"{k}"
-                model.save_pretrained(target, state_dict=state)
+                target.mkdir(parents=True, exist_ok=True)
+                save_file({n: t.contiguous() for n, t in state.items()}, target / "model.safetensors",
+                          metadata={"format": "pt"})
+                model.config.to_json_file(target / "config.json")
+                if getattr(model, "generation_config", None) is not None:
+                    model.generation_config.to_json_file(target / "generation_config.json")
         if ranks[0] != 0 and me == 0:
             out[k] = Path(staging) / f"{k}"
     distributed.barrier()

@@ -33,8 +33,8 @@ bf16; trained weights are fp32 master weights under a bf16 compute dtype):
 
 The activation terms were measured on the CPU (float32, SDPA's math kernel: tests/test_memory_plan.py
 checks the whole plan against the measured peak of tiny models, within 15%); on a GPU flash
-attention keeps less, and a bf16 RMSNorm keeps fp32 copies: expect the GPU figures within ~25%.
-What has run on a GPU: docs/gpu.md.
+attention keeps less, a bf16 RMSNorm keeps fp32 copies and the CUDA allocator adds slack: the GPU
+figures are not measured yet. What has run on a GPU: docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -355,12 +355,14 @@ def for_config(cfg: Any, agent_names: tuple[str, ...], gpus: int, gpu_bytes: int
 
 
 def advice(cfg: Any, agent_names: tuple[str, ...], plan: Plan, device_type: str) -> list[str]:
-    """What to change so that the plan fits, each checked against the same plan."""
+    """What to change so that the plan fits: the smallest sets of changes (more GPUs, FSDP,
+    gradient checkpointing, fewer rows per generate call, smaller micro-batches, decoding on the
+    shards, LoRA), each checked against the same plan; the fewest GPUs and the most rows that fit."""
+    from itertools import combinations
+
     from omegaconf import OmegaConf
 
-    tips: list[str] = []
-
-    def fits(overrides: dict[str, Any], gpus: int | None = None) -> bool:
+    def fits(overrides: dict[str, Any], gpus: int) -> bool:
         c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
         for key, value in overrides.items():
             OmegaConf.update(c, key, value, force_add=True)
@@ -370,29 +372,54 @@ def advice(cfg: Any, agent_names: tuple[str, ...], plan: Plan, device_type: str)
             w.all_linear = list(c.algo.lora.target_modules) == ["all-linear"]
         if c.trainer.gradient_checkpointing == "auto":
             w.checkpointing = device_type == "cuda" and plan.arch.params >= 4e9
-        lay = layout(c, gpus or plan.gpus, w.policies)
+        lay = layout(c, gpus, w.policies)
         lay.shards = lay.shards + [lay.frozen_shards] * w.separate_critics
         return bool(estimate(plan.arch, w, lay, plan.gpu_bytes).fits)
 
     t = cfg.trainer
-    if not t.fsdp:
-        for n in (plan.gpus, 2, 4, 8, 16):
-            if n >= max(plan.gpus, 2) and fits({"trainer.fsdp": True}, n):
-                tips.append(f"shard the models: trainer.fsdp=true on {n} GPUs")
-                break
-    else:
-        more = next((n for n in (2, 4, 8, 16, 32, 64) if n > plan.gpus and fits({}, n)), None)
-        if more:
-            tips.append(f"more GPUs: {more} (FSDP shards over all of them)")
-    if not t.gradient_checkpointing and fits({"trainer.gradient_checkpointing": True}):
-        tips.append("trainer.gradient_checkpointing=true")
-    rows = next((r for r in (32, 16, 8, 4, 2, 1) if r < t.sequences_per_generate
-                 and fits({"trainer.sequences_per_generate": r})), None)
-    if rows:
-        tips.append(f"fewer rows per generate call: trainer.sequences_per_generate={rows}")
-    if plan.work.full and fits({"algo.lora": {"r": 64, "alpha": 128, "dropout": 0.0, "target_modules": ["all-linear"]}}):
-        tips.append("LoRA instead of full fine-tuning: algo.lora.r=64 (algo.lora.target_modules=[all-linear])")
-    return ["to fit: " + "; or ".join(tips)] if tips else ["nothing in reach fits: a smaller model, or larger GPUs"]
+    # Each kind of change: its choices, least disruptive first, as (overrides, GPUs, words).
+    kinds: list[list[tuple[dict[str, Any], int | None, str]]] = []
+    kinds.append([({"trainer.fsdp": True}, n, f"{n} GPUs with trainer.fsdp=true")
+                  for n in (2, 4, 8, 16, 32, 64) if n > plan.gpus or (n == plan.gpus and not t.fsdp)])
+    if t.gradient_checkpointing is not True:
+        kinds.append([({"trainer.gradient_checkpointing": True}, None, "trainer.gradient_checkpointing=true")])
+    kinds.append([({"trainer.sequences_per_generate": r}, None, f"trainer.sequences_per_generate={r}")
+                  for r in (32, 16, 8, 4, 2, 1) if r < t.sequences_per_generate])
+    kinds.append([({"trainer.completions_per_micro_batch": m}, None, f"trainer.completions_per_micro_batch={m}")
+                  for m in (8, 4, 2, 1) if m < t.completions_per_micro_batch])
+    if t.fsdp_unshard_rollout:
+        kinds.append([({"trainer.fsdp_unshard_rollout": False}, None,
+                       "trainer.fsdp_unshard_rollout=false (decode on the shards)")])
+    if plan.work.full:
+        lora = {"r": 64, "alpha": 128, "dropout": 0.0, "target_modules": ["all-linear"]}
+        kinds.append([({"algo.lora": lora}, None, "LoRA instead of full fine-tuning (algo.lora.r=64)")])
+    found: list[str] = []
+    kinds = [k for k in kinds if k]
+    for size in (1, 2, 3, 4):
+        for subset in combinations(kinds, size):
+            choice = _first_fitting(subset, plan.gpus, fits)
+            if choice:
+                found.append(choice)
+        if found:
+            break
+    if not found:
+        return ["nothing in reach fits: a smaller model, or larger GPUs"]
+    return ["to fit: " + "; or ".join(found[:3])]
+
+
+def _first_fitting(kinds: tuple, gpus: int, fits: Any) -> str | None:
+    """The first combination (one choice per kind, in order) that fits, in words."""
+    from itertools import product
+
+    for choice in product(*kinds):
+        overrides: dict[str, Any] = {}
+        n = gpus
+        for changes, want, _ in choice:
+            overrides.update(changes)
+            n = want or n
+        if fits(overrides, n):
+            return ", ".join(words for _, _, words in choice)
+    return None
 
 
 def for_run(cfg: Any, agent_names: tuple[str, ...], world_size: int, device: torch.device) -> Plan | str:

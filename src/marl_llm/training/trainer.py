@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -245,6 +246,7 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
                     say(f"agents of step {step} written to {export_agents(run_dir, cfg, policies, step, whole)}")
                 except OSError as err:
                     say(f"warning: the agents of step {step} were not exported ({err}); the checkpoint holds them")
+                shutil.rmtree(run_dir / ".staged-agents", ignore_errors=True)  # placement=groups' leftovers
             del whole
         distributed.barrier()
 
