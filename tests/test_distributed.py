@@ -79,7 +79,7 @@ def test_two_processes_match_one_process(tiny_model_dir, tmp_path, algo, launche
     assert len(run_dirs) == 1, run_dirs  # one run dir for both ranks
     run = run_dirs[0]
     assert "2 data-parallel processes" in two.stdout
-    assert ("FSDP: the base is sharded over 2 ranks" in two.stdout) == fsdp
+    assert ("FSDP: the models are sharded over 2 ranks" in two.stdout) == fsdp
     if fsdp:
         assert json.loads((run / "summary.json").read_text())["after"] is not None
 

@@ -221,8 +221,9 @@ class Plan:
         where = f"{self.gpus} GPU{'s' if self.gpus > 1 else ''}" + (
             f" of {self.gpu_bytes / GiB:.0f} GiB" if self.gpu_bytes else "")
         shard = f", FSDP over {max(lay.shards or [lay.frozen_shards])}" if lay.fsdp and lay.ranks > 1 else ""
-        head = (f"memory plan: {w.policies} {'policies' if w.policies > 1 else 'policy'} of "
-                f"{self.arch.params / 1e9:.2f}B ({kind}) on {where}, placement={lay.placement}{shard}; per GPU:")
+        size = f"{self.arch.params / 1e9:.2f}B" if self.arch.params >= 1e9 else f"{self.arch.params / 1e6:.1f}M"
+        head = (f"memory plan: {w.policies} {'policies' if w.policies > 1 else 'policy'} of {size} ({kind}) on "
+                f"{where}, placement={lay.placement}{shard}; per GPU:")
 
         def g(b: int) -> str:
             return f"{b / GiB:8.2f}"
