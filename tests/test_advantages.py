@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import itertools
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from marl_llm.algos.advantages import (
     BASELINES,
+    GroupIndex,
     group_advantages,
     grouped_advantages,
+    level_matrix,
+    normalize_then_sum,
     per_agent_advantages,
     per_agent_returns,
     register_baseline,
     tree_advantages,
+    tree_level_advantages,
     tree_returns,
 )
 
@@ -294,3 +299,61 @@ def test_grouped_validation():
         grouped_advantages(t([1.0, 2.0]), torch.tensor([0]), "mean", False)
     with pytest.raises(ValueError):
         grouped_advantages(t([1.0, 2.0]), torch.tensor([0, -1]), "mean", False)
+
+
+# ---------------------------------------------------------------- reward levels (GDPO)
+
+
+def test_normalize_then_sum_hand_computed():
+    """Two groups of three, two levels. Per level and group (population std):
+    A level 1 [1,0,0] -> [sqrt2, -1/sqrt2, -1/sqrt2]; A level 2 [.5,.5,0] -> [1/sqrt2, 1/sqrt2, -sqrt2];
+    B level 1 constant -> 0; B level 2 [1,0,1] -> [1/sqrt2, -sqrt2, 1/sqrt2]. Sums: A [3/sqrt2, 0,
+    -3/sqrt2], B [1/sqrt2, -sqrt2, 1/sqrt2]; over the six: mean 0, std sqrt2 -> divided by sqrt2."""
+    levels = t([[1, 0, 0, 0, 0, 0], [0.5, 0.5, 0, 1, 0, 1]])
+    groups = GroupIndex.dense(2, 3)
+    close(normalize_then_sum(levels, groups), [1.5, 0.0, -1.5, 0.5, -1.0, 0.5])
+    # Every group-constant baseline gives the same (each level is normalized in its group).
+    for baseline in ("rloo", "max", "raw"):
+        close(normalize_then_sum(levels, groups, baseline), [1.5, 0.0, -1.5, 0.5, -1.0, 0.5])
+    # The sum of the levels instead ([1.5, .5, 0], [1, 0, 1]) normalized per group ranks A's last two apart
+    # by the total only; GDPO's level-wise advantages differ from it.
+    summed = group_advantages(levels.sum(0).reshape(2, 3), "mean", normalize=True).reshape(-1)
+    assert not torch.allclose(summed, normalize_then_sum(levels, groups))
+
+
+def test_normalize_then_sum_keeps_distinct_level_combinations_apart():
+    """GDPO's case: totals that tie in a group (1 = 1 + 0 = 0 + 1) get one advantage from the sum,
+    but the levels say which level was met: a rare level (met once in the group) weighs more."""
+    levels = t([[1, 0, 0, 0], [0, 1, 1, 0]])  # totals [1, 1, 1, 0]
+    summed = group_advantages(levels.sum(0), "mean", normalize=True)
+    assert summed[0] == summed[1] == summed[2]
+    gdpo = normalize_then_sum(levels, GroupIndex.dense(1, 4))
+    assert gdpo[0] > gdpo[1] == gdpo[2] > gdpo[3]
+
+
+def test_level_matrix_rows_missing_levels_and_the_rest():
+    R = SimpleNamespace
+    rows = level_matrix([R(total=1.5, levels={"a": 1.0, "b": 0.5}), R(total=2.0, levels={"a": 0.0, "c": 1.0}),
+                         R(total=0.5, levels={})])
+    # a, b, c in order of appearance; the rest (total - levels) is a row: [0, 1, 0.5]
+    close(rows, [[1.0, 0.0, 0.0], [0.5, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 0.5]])
+    close(level_matrix([R(total=1.0, levels={"a": 1.0}), R(total=0.0, levels={"a": 0.0})]), [[1.0, 0.0]])
+
+
+def test_tree_level_advantages_hand_computed():
+    """Turn 0: two joint actions (level x [1, 0], level y [0, 0]); turn 1: node 0's children
+    x [1, 1], node 1's children x [0, 1], y [0, 2]. gamma 1: x returns turn 0 [2, 0.5], turn 1
+    [1, 1, 0, 1]; y returns [0, 1], [0, 0, 0, 2]. Per group normalized: x [1, -1], [0, 0], [-1, 1];
+    y [-1, 1], [0, 0], [-1, 1]. Sums [0, 0, 0, 0, -2, 2]: mean 0, std sqrt(8/6) -> / sqrt(4/3)."""
+    levels = [t([[1, 0], [0, 0]]), t([[1, 1, 0, 1], [0, 0, 0, 2]])]
+    parents = [torch.tensor([0, 0]), torch.tensor([0, 0, 1, 1])]
+    adv = tree_level_advantages(levels, parents)
+    s = math.sqrt(4 / 3)
+    close(adv[0], [0.0, 0.0])
+    close(adv[1], [0.0, 0.0, -2 / s, 2 / s])
+    # One level: the normalized tree advantages, then normalized over the tree's nodes.
+    one = tree_level_advantages([lv[:1] for lv in levels], parents)
+    plain = torch.cat(tree_advantages([lv[0] for lv in levels], parents, normalize=True))
+    close(torch.cat(one), plain / plain.std(unbiased=False))
+    with pytest.raises(ValueError, match="same levels"):
+        tree_level_advantages([t([[1, 0]]), t([[1, 1, 0, 1], [0, 0, 0, 2]])], parents)

@@ -122,3 +122,75 @@ def test_buffered_samples_keep_their_critic_inputs():
     assert sample.turn == 1 and float(sample.advantages) == 0.5
     assert sample.extra["target"] == 0.25 and sample.extra["old_value"] == -0.1
     assert sample.extra["critic_prompt"].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("end", [0, 3, None])
+def test_before_pad_loss_tokens_are_comlrls(tiny_model_dir, end):
+    """algo.loss_tokens=before_pad scores what comlrl's actor-critic loss scores: the ids before
+    the first pad, so with pad == eos (the tiny model's tokenizer, as SmolLM2's) the EOS is left
+    out; the summed log-prob equals comlrl's own _policy_eval on the sequence its _generate made,
+    and marl-llm's own tokens (through the EOS) differ by the EOS's log-prob."""
+    import functools
+
+    from transformers import LogitsProcessorList
+
+    from marl_llm.algos.loss_tokens import before_pad
+    from marl_llm.rollout.base import Completion
+    from marl_llm.rollout.decode import completion_logprobs, cut_at_eos
+    from test_magrpo_vs_comlrl import EndAt, full_policies
+
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.pad_token = tok.eos_token
+    load = lambda: AutoModelForCausalLM.from_pretrained(tiny_model_dir)  # noqa: E731
+    args = comlrl_maac.MAACConfig(num_train_epochs=1, num_agents=2, num_turns=1, max_new_tokens=6, temperature=1.0,
+                                  top_p=1.0, top_k=0, eval_interval=0)
+    trainer = comlrl_maac.MAACTrainer(
+        agents=[load(), load()], critics=[load()], tokenizer=tok, args=args, reward_func=lambda a, b: [0.0],
+        train_dataset=Dataset.from_list([{"prompt": "p"}]),
+        formatters=[lambda item, external_prompts=None: item["prompt"]] * 2)
+    prompt = "Write the main function."
+    agent = trainer.agents[0]
+    processor = EndAt([end], tok.eos_token_id, len(tok(prompt).input_ids))
+    agent.generate = functools.partial(agent.generate, logits_processor=LogitsProcessorList([processor]))
+    gen = trainer._generate(agent, prompt, 0)
+    with torch.no_grad():
+        ref, _ = trainer._policy_eval(agent, gen["sequences"], gen["attention_mask"], gen["prompt_len"],
+                                      gen["response_lens"][0])
+    seq, plen = gen["sequences"][0].cpu(), gen["prompt_len"]
+    ids, truncated = cut_at_eos(seq[plen:], [tok.eos_token_id])
+    own = Completion(seq[:plen], ids, gen["completions"][0], truncated)
+    comlrls = before_pad(own, tok.pad_token_id)
+    assert len(comlrls.loss_ids) == gen["response_lens"][0] == (6 if end is None else end)
+    policies = full_policies(tiny_model_dir)
+    with torch.no_grad(), policies.acting(0) as model:
+        def total(c):
+            logp, mask, _ = completion_logprobs(model, [c.prompt_ids], [c.scored_ids], tok.pad_token_id)
+            return float((logp * mask).sum())
+
+        assert total(comlrls) == pytest.approx(float(ref), abs=1e-4)
+        if end is None:  # no EOS: the same tokens
+            assert total(own) == pytest.approx(float(ref), abs=1e-4)
+        else:
+            assert total(own) < float(ref) - 1e-3  # + log p(EOS)
+
+
+def test_collm_switch_cuts_before_the_first_pad(tiny_model_dir):
+    from marl_llm.algos import build_algorithm
+    from marl_llm.models.prompting import PromptFormat
+    from marl_llm.rollout.decode import HFRollout
+    from marl_llm.tasks.base import Problem
+
+    cfg = compose_config(["algo=collm_dc", "algo.num_turns=2", "algo.sampling.max_new_tokens=6",
+                          "algo.loss_tokens=before_pad", "algo.lora.r=4", "algo.lora.target_modules=[q_proj,v_proj]"])
+    policies = make_policies(tiny_model_dir)
+    policies.tokenizers[0].prompt_format = PromptFormat(False)
+    algo = build_algorithm(cfg.algo, PathTask(), policies, HFRollout(policies), 8)
+    pad = policies.tokenizers[0].pad_token_id
+    batches = algo.advantages(algo.collect([Problem(f"p{k}", {}, sample_key=k) for k in range(3)]))
+    for c in (c for b in batches for c in b.completions):
+        hits = (c.completion_ids == pad).nonzero()
+        assert torch.equal(c.loss_ids, c.completion_ids[:int(hits[0])] if len(hits) else c.completion_ids)
+    assert compose_config(["algo=collm_cc"]).algo.loss_tokens == "completion"

@@ -1,7 +1,8 @@
 """Every MAGRPO and CoLLM paper preset against its row of the fidelity table (docs/fidelity.md):
 the page is what scripts/fidelity_table.py renders from the composed presets, every paper preset
 has a table, and every value that differs from the reference carries a note (the switch that
-restores it, or why none can)."""
+restores it, or why none can). Behaviour rows (reward, episode end, loss tokens, evaluation, data
+order) are measured on the composed preset: changing a behaviour, by whatever key, breaks its row."""
 
 from __future__ import annotations
 
@@ -37,6 +38,38 @@ def test_preset_matches_reference_or_says_why(preset):
     for key in ("algo.lora", "model.chat_template", "algo.max_grad_norm", "algo.weight_decay",
                 "algo.learning_rate", "algo.normalize_advantages"):
         assert by_key[key][2], (key, by_key[key])
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_behaviours_match_the_reference_or_say_why(preset):
+    behaviours = DATA["presets"][preset]["behaviours"]
+    multi_turn = fidelity.compose(preset).algo.num_turns > 1
+    assert {"reward", "loss_tokens", "evaluation", "data_order"} | ({"episode_end"} if multi_turn else set()) \
+        <= set(behaviours)
+    rows = fidelity.behaviour_rows(preset, behaviours)
+    assert [(name, got) for name, _, got, match, note in rows if not match and not note] == []
+
+
+# A change of each behaviour, by its switch or by a key the table does not list as one.
+CHANGES = [("magrpo_tldr_paper", "reward", "task.reward.variant=fixed"),
+           ("collm_cc_strbuild_paper", "reward", "task.reward.variant=fixed"),
+           ("magrpo_strbuild_paper", "reward", "task.letter_gap=1"),
+           ("magrpo_humaneval_paper", "episode_end", "algo.early_termination_rule=joint_action"),
+           ("collm_dc_strbuild_paper", "episode_end", "task.end_on_success=true"),
+           ("magrpo_coophumaneval_paper", "loss_tokens", "algo.loss_tokens=completion"),
+           ("collm_dc_tldr_paper", "loss_tokens", "algo.loss_tokens=completion"),
+           ("magrpo_arxiv_paper", "evaluation", "trainer.eval_protocol=own"),
+           ("collm_cc_arxiv_paper", "evaluation", "trainer.prompts_per_step=2"),
+           ("collm_cc_coophumaneval_paper", "data_order", "trainer.data_order=shuffle")]
+
+
+@pytest.mark.parametrize("preset,behaviour,override", CHANGES)
+def test_a_changed_behaviour_without_a_note_fails(preset, behaviour, override):
+    spec = {behaviour: DATA["presets"][preset]["behaviours"][behaviour]}
+    [(name, _, got, match, note)] = fidelity.behaviour_rows(preset, spec, (override,))
+    assert not match and not note, (name, got)
+    [(_, _, _, unchanged, _)] = fidelity.behaviour_rows(preset, spec)
+    assert unchanged
 
 
 def test_doc_is_current():

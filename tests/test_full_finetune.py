@@ -133,6 +133,7 @@ def test_collm_cc_with_a_separate_critic(tiny_model_dir, tmp_path):
     assert "critic/vf_loss" in metrics
 
 
+@pytest.mark.numerics
 def test_gradient_checkpointing_gives_the_same_full_update(tiny_model_dir):
     results = []
     for checkpointing in (False, True):

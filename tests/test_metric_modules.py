@@ -33,6 +33,25 @@ def test_writing_reward_module_arxiv_bands_and_log_form():
     assert log["style_ungated"] != lin["style_ungated"]
 
 
+def test_writing_reward_module_paper_variant_is_the_reference_reward():
+    """variant=paper scores as task.reward.variant=paper does (the reference trainers' reward,
+    fixture-checked in test_writing_reward_paper.py), unstripped; it differs from fixed here."""
+    from marl_llm.tasks.writing_reward_paper import PaperRewardSpec, score_writing_paper
+
+    for task in ("tldr", "arxiv"):
+        module = metrics.load("writing_reward", task)
+        first, second = [SHORT, " " + SHORT], [LONG, LONG + "  "]
+        out = module.compute(first=first, second=second, variant="paper")
+        expected = [score_writing_paper(a, b, PaperRewardSpec.for_task(task)) for a, b in zip(first, second)]
+        assert out["rewards"] == [r.total for r in expected]
+        assert out["style_ungated"] == pytest.approx(sum(r.ungated["style"] for r in expected) / 2)
+    tldr = metrics.load("writing_reward", "tldr")
+    assert tldr.compute(first=[SHORT], second=[LONG], variant="paper")["rewards"] != \
+        tldr.compute(first=[SHORT], second=[LONG])["rewards"]
+    with pytest.raises(ValueError, match="variant='own'"):
+        tldr.compute(first=[SHORT], second=[LONG], variant="own")
+
+
 def test_pass_at_k_module_runs_programs_in_the_sandbox():
     module = metrics.load("pass_at_k")
     good, bad = "def f(x):\n    return x + 1\n", "def f(x):\n    return x\n"

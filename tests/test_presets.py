@@ -161,9 +161,15 @@ KEY_VALUES = {
         **({"task.size": 6, "task.num_boxes": 1, "task.max_moves": 200} if task == "sokoban"
            else {"task.size": 10, "task.wall_prob": 0.22})}
        for task in ("sokoban", "plan_path") for shared in ("", "_shared") for size in ("", "_qwen3_8b")},
-    **{f"collm_{c}_{t}_paper": {**COLLM_WRITING, "algo.name": f"collm_{c}", "task.name": t}
-       for c in ("cc", "dc") for t in ("tldr", "arxiv")},
-    **{f"collm_{c}_coophumaneval_paper": {**COLLM_CHE, "algo.name": f"collm_{c}"} for c in ("cc", "dc")},
+    **{f"collm_cc_{t}_paper": {**COLLM_WRITING, "algo.name": "collm_cc", "task.name": t} for t in ("tldr", "arxiv")},
+    # CoLLM-DC: the reference's IAC configs (iac_{tldr,arxiv}_config.yaml: 20 epochs over train[:1000]).
+    **{f"collm_dc_{t}_paper": {**COLLM_WRITING, "algo.name": "collm_dc", "task.name": t,
+                               "trainer.max_steps": 20 * 1000, "task.data.train_split": "train[:1000]",
+                               "task.data.eval_split": f"{'test' if t == 'tldr' else 'val'}[:1000]"}
+       for t in ("tldr", "arxiv")},
+    "collm_cc_coophumaneval_paper": {**COLLM_CHE, "algo.name": "collm_cc"},
+    # iac_che_config.yaml: critic lr 5e-6 (maac_che_config.yaml at the cited commit: 4e-6).
+    "collm_dc_coophumaneval_paper": {**COLLM_CHE, "algo.name": "collm_dc", "algo.critic.learning_rate": 5e-6},
     **{f"collm_{c}_strbuild_paper": {**STRBUILD, "algo.name": f"collm_{c}", "algo.learning_rate": 2.5e-6,
                                      "algo.critic.learning_rate": 2.5e-6, "trainer.max_steps": 150 * 8,
                                      "trainer.prompts_per_step": 1, "algo.discount": 0.9} for c in ("cc", "dc")},

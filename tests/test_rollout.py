@@ -4,9 +4,10 @@ template where pad == eos (SmolLM2's tokenizer)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from conftest import make_policies
+from conftest import assert_close_to_scale, make_policies
 from marl_llm.rollout.decode import (GenRequest, HFRollout, PerRowSampling, SamplingParams, completion_logprobs,
                               cut_at_eos, encode_prompt, pad_pairs)
 
@@ -53,6 +54,7 @@ def test_generation_stops_at_eos_and_padding_is_not_part_of_the_completion(tiny_
         assert cut[1].completion_ids.tolist() == free[1].completion_ids.tolist()
 
 
+@pytest.mark.numerics
 def test_completion_mask_and_logprobs_ignore_prompt_and_padding(tiny_model_dir):
     policies = make_policies(tiny_model_dir)
     model = policies.models[0]
@@ -70,10 +72,11 @@ def test_completion_mask_and_logprobs_ignore_prompt_and_padding(tiny_model_dir):
             full = torch.cat([prompts[b], comps[b]]).unsqueeze(0)
             lp = torch.log_softmax(model(input_ids=full).logits[0, :-1].float(), -1)
             want = lp[len(prompts[b]) - 1:].gather(1, comps[b].unsqueeze(1)).squeeze(1)
-            assert torch.allclose(logp[b, : len(comps[b])], want, atol=1e-5)
+            assert_close_to_scale(logp[b, : len(comps[b])], want, 1e-5, "log-probs")
             assert torch.all(logp[b, len(comps[b]):] == 0)
 
 
+@pytest.mark.numerics
 def test_padding_rows_do_not_change_a_completions_logprobs(tiny_model_dir):
     policies = make_policies(tiny_model_dir)
     model = policies.models[0]
@@ -84,7 +87,8 @@ def test_padding_rows_do_not_change_a_completions_logprobs(tiny_model_dir):
         # real tokens score exactly as alone.
         both, mask, _ = completion_logprobs(model, prompts * 2, comps + [torch.tensor([20, 21, 22, 23, 2])], 2)
     assert mask[0].tolist() == [1, 1, 0, 0, 0]
-    assert torch.allclose(both[0, :2], alone[0], atol=1e-5) and torch.all(both[0, 2:] == 0)
+    assert_close_to_scale(both[0, :2], alone[0], 1e-5, "log-probs")
+    assert torch.all(both[0, 2:] == 0)
 
 
 def test_mixed_adapter_batch_matches_per_agent_generation(tiny_model_dir):
@@ -147,6 +151,7 @@ def test_sampling_is_seeded(tiny_model_dir):
     assert a == b and len({tuple(x) for x in a}) > 1
 
 
+@pytest.mark.numerics
 def test_siblings_share_one_prompt_encoding_with_the_same_logprobs_and_gradients(tiny_model_dir):
     """Completions of one prompt reuse its KV cache; values and gradients match full packing."""
     from marl_llm.rollout.decode import _shared_prompt_logits
@@ -166,13 +171,13 @@ def test_siblings_share_one_prompt_encoding_with_the_same_logprobs_and_gradients
         packed.sum().backward()
         alone = [completion_logprobs(model, [prompt], [c], pad_id=2)[0][0] for c in comps]
     assert torch.equal(mask_s, mask_p)
-    assert torch.allclose(shared, packed, atol=1e-5)
+    assert_close_to_scale(shared, packed, 1e-5, "log-probs")
     for b, c in enumerate(comps):
-        assert torch.allclose(shared[b, : len(c)], alone[b], atol=1e-5)
+        assert_close_to_scale(shared[b, : len(c)], alone[b], 1e-5, "log-probs")
         assert torch.all(shared[b, len(c):] == 0)
     for g_s, p in zip(grads_shared, params):
         assert g_s.abs().sum() > 0
-        assert torch.allclose(g_s, p.grad, atol=1e-5, rtol=1e-4)
+        assert_close_to_scale(g_s, p.grad, 1e-4, "LoRA gradient")
 
 
 def completion_logprobs_packed(model, prompts, comps):
@@ -225,6 +230,7 @@ def test_min_new_tokens_holds_back_the_end_of_sequence(tiny_model_dir):
     assert fixed.completion_ids.tolist() == hf_greedy(policies, 0, "hello", 8, min_new_tokens=8)
 
 
+@pytest.mark.numerics
 def test_mixed_lora_forward_equals_peft_mixed_batches(tiny_model_dir):
     from marl_llm.rollout.mixed_lora import MixedLoRA
 
@@ -239,7 +245,7 @@ def test_mixed_lora_forward_equals_peft_mixed_batches(tiny_model_dir):
             lora.set_rows(names)
             got = model(input_ids=ids).logits
         after = model(input_ids=ids, adapter_names=names).logits  # peft's own forward is back
-    assert torch.allclose(got, want, atol=1e-5)
+    assert_close_to_scale(got, want, 1e-5, "logits")
     assert torch.equal(after, want)
 
 

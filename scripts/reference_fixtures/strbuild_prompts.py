@@ -190,13 +190,20 @@ def commit_of(checkout: Path, given: str | None) -> str:
         return "unknown"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def checkout_args(doc: str, out: Path) -> argparse.Namespace:
+    """The command line of a LLM_Collab_Minecraft fixture script: checkout (resolved), --commit, --out."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("checkout", type=Path, help="a LLM_Collab_Minecraft checkout (its root directory)")
     parser.add_argument("--commit", help="the checkout's commit, when it is not a git work tree")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=out)
     args = parser.parse_args()
-    checkout = args.checkout.resolve()
+    args.checkout = args.checkout.resolve()
+    return args
+
+
+def main() -> None:
+    args = checkout_args(__doc__, OUT)
+    checkout = args.checkout
     install_package(checkout)
     rows = []
     # Two agents (the configs): both spacings; one agent: the project's spacing, multi-turn targets.

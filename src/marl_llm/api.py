@@ -12,6 +12,9 @@
     )
     result.run_dir, result.score
 
+    # A multi-turn environment of your own (task=env): a class with reset(seed) and step(actions).
+    marl_llm.train_team(env=Guess, env_kwargs={"high": 50}, overrides=["algo=at_grpo", "algo.num_turns=4"])
+
     # Everything else: any config, composed like the console script's.
     cfg = marl_llm.compose_config(["algo=at_grpo", "task=sokoban"])
     marl_llm.train(cfg)          # or marl_llm.train(["algo=at_grpo", "task=sokoban"])
@@ -99,7 +102,7 @@ def _function_spec(fn: Callable[..., Any], role: str) -> str:
     from marl_llm.tasks.team import IN_PROCESS
 
     if not callable(fn):
-        raise UserError(f"{role} must be a function, not {type(fn).__name__}")
+        raise UserError(f"{role} must be a {'class' if role == 'env' else 'function'}, not {type(fn).__name__}")
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if module and module != "__main__" and "<" not in qualname:
         try:
@@ -128,23 +131,42 @@ def _rows(data: Any, role: str) -> list[dict[str, Any]] | str:
     return rows
 
 
-def train_team(dataset: Any, *, prompts: Callable[[dict], Any], reward: Callable[[dict, list[str]], Any],
-               agents: Sequence[str] = ("agent1", "agent2"), eval_dataset: Any = None,
-               overrides: Sequence[str] = ()) -> TrainResult:
-    """Train a team of `agents` on `dataset` with a joint reward (task=team, tasks/team.py).
+def train_team(dataset: Any = None, *, prompts: Callable[[dict], Any] | None = None,
+               reward: Callable[[dict, list[str]], Any] | None = None, env: Callable[..., Any] | None = None,
+               env_kwargs: dict[str, Any] | None = None, agents: Sequence[str] | None = None,
+               eval_dataset: Any = None, overrides: Sequence[str] = ()) -> TrainResult:
+    """Train a team of `agents`, either on `dataset` with a joint reward (task=team, tasks/team.py)
+    or in a multi-turn environment (task=env, tasks/env.py).
 
     prompts(row) -> one prompt per agent (a list in `agents` order, or a dict by agent name)
     reward(row, completions) -> float, or a dict of reward levels that sum to the total
+    env: a class (or any factory) whose objects have reset(seed) and step(actions) (tasks/env.py),
+        made with `env_kwargs`; evaluated on its eval seeds (task.num_eval_seeds) before and after
+    agents: their names (default: agent1, agent2; with `env`, the class's `agents`)
     eval_dataset: rows evaluated before and after training (none: no evaluation)
     overrides: any other setting, as on the command line (algo=..., model=..., trainer.max_steps=...)
 
     Rows given in memory are written to <run_dir>/data/{train,test}.jsonl, which the run's config
     names, so the run dir records what it trained on.
     """
-    agents = [str(a) for a in agents]
+    user = list(overrides)
+    if env is not None:
+        if dataset is not None or prompts is not None or reward is not None or eval_dataset is not None:
+            raise UserError("train_team: give either env (a multi-turn environment) or dataset, prompts and reward, "
+                            "not both")
+        over = ["task=env", f"task.env={_function_spec(env, 'env')}"]
+        if agents is not None:
+            over.append(f"task.agents=[{','.join(str(a) for a in agents)}]")
+        cfg = compose_config([*over, *user])
+        if env_kwargs:
+            cfg.task.env_kwargs = dict(env_kwargs)
+        return train(cfg)
+    if dataset is None or prompts is None or reward is None:
+        raise UserError("train_team: give dataset, prompts and reward (a task from rows), or env (a multi-turn "
+                        "environment)")
+    agents = [str(a) for a in (agents or ("agent1", "agent2"))]
     over = [f"task.agents=[{','.join(agents)}]", f"task.prompts={_function_spec(prompts, 'prompts')}",
             f"task.reward={_function_spec(reward, 'reward')}"]
-    user = list(overrides)
     if not any(o.split("=", 1)[0] == "algo.num_turns" for o in user):
         over.append("algo.num_turns=1")  # team tasks are single-turn
     if eval_dataset is None and not any(o.startswith(("trainer.eval_before=", "trainer.eval_after=")) for o in user):

@@ -71,6 +71,9 @@ class SamplingConfig:
     # No end of sequence before this many tokens (0: off). Benchmarks set it to max_new_tokens so
     # every completion, step and system generates the same number of tokens.
     min_new_tokens: int = 0
+    # A stop rule (rollout/stops.py) that also ends a completion: `code` (the end of the first fenced
+    # block or top-level function) or one you register; null: end of sequence and max_new_tokens only.
+    stop: Optional[str] = None
 
 
 # ---------------------------------------------------------------------------------------- algo
@@ -185,9 +188,19 @@ class TrainerConfig:
     max_steps: int = 3
     # Problems (environment instances) per step; each yields a rollout tree of joint actions.
     prompts_per_step: int = 1
+    # shuffle: every epoch in a fresh order (seeded); in_order: the training set's own order every
+    # epoch, as the reference trainers (training/data_order.py).
+    data_order: str = "shuffle"
     # Completions per forward/backward pass in the update (gradient accumulation above it).
     completions_per_micro_batch: int = 4
-    # Evaluate every N steps (0: only before and after training).
+    # Evaluation protocol (training/evaluation.py): own: greedy rollouts (pass@1, reward, levels)
+    # every eval_every steps and sampled pass@k; paper: the reference trainers' (comlrl), before
+    # every eval_interval-th batch of each epoch (batch 0 included), one rollout sampled at the
+    # training settings on each of the first eval_max_problems eval items, the mean reward,
+    # expected return and test pass rate per turn.
+    eval_protocol: str = "own"
+    eval_interval: int = 0
+    # Evaluate every N steps (0: only before and after training). eval_protocol=own only.
     eval_every: int = 0
     eval_before: bool = True
     eval_after: bool = True
@@ -253,18 +266,14 @@ class TrainerConfig:
     # every layer at every decode step, and free it before the update. Costs a whole copy of the
     # base on every rank during rollouts; false keeps only the shards (and all-gathers per pass).
     fsdp_unshard_rollout: bool = True
-    # Which ranks and devices hold which policy (distributed/placement.py): shared (every policy on
-    # every rank, sharded over all of them with trainer.fsdp) | groups (disjoint groups of ranks,
-    # one per policy; algo.lora=null) | devices (one process, one GPU per policy; algo.lora=null).
+    # Which ranks and devices hold which policy (distributed/placement.py): shared | groups (a group
+    # of ranks per policy: placement_groups, their sizes; null: equal) | devices (one process, a GPU
+    # per policy: placement_devices; null: every visible GPU).
     placement: str = "shared"
-    # placement=groups: each policy's number of ranks, in policy order (null: equal groups).
     placement_groups: Optional[List[int]] = None
-    # placement=devices: the devices, one per policy in order (null: every visible GPU).
     placement_devices: Optional[List[str]] = None
-    # How a step's work is split over the ranks: prompts (each rank its own problems) |
-    # joint_actions (the ranks share each problem's joint actions: every generate call and every
-    # mini-batch is split; one prompt per step scales) | auto (prompts when they divide over the
-    # ranks and placement=shared, else joint_actions).
+    # How a step's work is split over the ranks: prompts | joint_actions (every generate call and
+    # mini-batch split: one prompt per step scales) | auto (prompts where they divide and shared).
     work_split: str = "auto"
     # Torch's CPU threads: auto = the fewer of torch's default and the physical cores this process
     # may use (its CPU affinity, e.g. SLURM's --cpus-per-task, and a cgroup CPU quota), or a number.
@@ -294,18 +303,14 @@ class ClusterConfig:
 # ---------------------------------------------------------------------------------- memory plan
 @dataclass
 class PlanConfig:
-    """The memory plan (distributed/memory_plan.py; `marl-llm-plan`): the hardware a preset needs,
-    and what the plan assumes. Every run prints its plan first, for its own GPUs, and stops when
-    the plan does not fit."""
+    """The memory plan (distributed/memory_plan.py; `marl-llm-plan`): the hardware a preset needs
+    (gpus, gpu_gib: marl-llm-plan's defaults 1 and 80; a run plans for its own processes and device,
+    on the CPU against gpu_gib when set), the longest prompt it budgets for, and whether a run that
+    does not fit stops."""
 
-    # GPUs marl-llm-plan plans for (null: 1); a run plans for its own number of processes.
     gpus: Optional[int] = None
-    # Memory per GPU in GiB: what marl-llm-plan plans for (null: 80) and, on the CPU, the budget a
-    # run is checked against (null: none); on CUDA a run reads its device's own.
     gpu_gib: Optional[float] = None
-    # The longest prompt (tokens) the plan budgets for: KV cache rows and activations.
     prompt_tokens: int = 512
-    # Stop a run whose plan does not fit (false: print the plan and train anyway).
     check: bool = True
 
 
@@ -394,6 +399,11 @@ def check_sampling(key: str, s: Any) -> None:
     check_value(s.get("max_new_tokens", 1) >= 1, f"{key}.max_new_tokens", "must be >= 1")
     check_value(0 <= s.get("min_new_tokens", 0) <= s.get("max_new_tokens", 1), f"{key}.min_new_tokens",
                 "must be in [0, max_new_tokens]")
+    if s.get("stop") is not None:
+        from marl_llm.rollout.stops import STOP_RULES  # light: no torch
+
+        check_value(s["stop"] in STOP_RULES, f"{key}.stop",
+                    f"{s['stop']!r} is not a stop rule; registered: {', '.join(sorted(STOP_RULES))} (or null)")
 
 
 def check_buffer(a: Any) -> None:
@@ -495,6 +505,9 @@ def check_shared(cfg: DictConfig) -> None:
     check_value(t.distributed_timeout_min > 0, "trainer.distributed_timeout_min", "must be > 0 (minutes)")
     check_value(t.completions_per_micro_batch >= 1, "trainer.completions_per_micro_batch", "must be >= 1")
     check_value(t.eval_every >= 0, "trainer.eval_every", "must be >= 0")
+    check_choice(cfg, "trainer.eval_protocol", ("own", "paper"))
+    check_choice(cfg, "trainer.data_order", ("shuffle", "in_order"))
+    check_value(t.eval_interval >= 0, "trainer.eval_interval", "must be >= 0 (batches of an epoch; 0: none)")
     check_value(t.save_every >= 0, "trainer.save_every", "must be >= 0")
     check_value(t.eval_max_problems is None or t.eval_max_problems >= 1, "trainer.eval_max_problems",
                 "must be >= 1 or null")

@@ -32,6 +32,18 @@ Joint actions (``JOINT_MODES``) for N agents with G samples each per node:
 
 Multi-turn (align): the rollout is a tree; see ``tree_returns`` / ``tree_advantages``.
 
+Rewards with several levels (``REWARD_LEVELS``, ``algo.reward_levels``): ``sum`` (the papers') takes
+the advantage of the total; ``normalize_then_sum`` is GDPO's (arXiv 2601.05242; TRL's
+``multi_objective_aggregation="normalize_then_sum"``): every level k gets its own group advantage,
+normalized within the group, the levels' advantages are summed, and the sum is normalized over the
+step's batch:
+
+    A_k = normalize_group(baseline(R_k))     S = sum_k A_k     A = (S - mean(S)) / max(std(S), eps)
+
+so a rare level is not drowned by a frequent one, and distinct level combinations keep distinct
+advantages (a group's totals may tie where its levels do not). See ``normalize_then_sum`` and
+``tree_level_advantages``.
+
 All computation happens in float64 (groups are small), so a constant group normalizes to exact
 zeros instead of round-off / eps; results are cast back to the input dtype.
 """
@@ -59,6 +71,10 @@ __all__ = [
     "per_agent_advantages",
     "tree_returns",
     "tree_advantages",
+    "REWARD_LEVELS",
+    "level_matrix",
+    "normalize_then_sum",
+    "tree_level_advantages",
 ]
 
 
@@ -429,3 +445,73 @@ def tree_advantages(
         grouped_advantages(r, p.long(), baseline, normalize, eps, unbiased_std=unbiased_std)
         for r, p in zip(returns, parent_per_turn)
     ]
+
+
+# --------------------------------------------------------------------------------------------
+# Rewards with several levels (GDPO): normalize each level in its group, then sum.
+# --------------------------------------------------------------------------------------------
+
+REWARD_LEVELS = ("sum", "normalize_then_sum")
+
+# A level's share of the total that the levels do not account for (a task whose levels do not add
+# up to its total): kept as one more level, so the advantage still sees the whole reward.
+REST_LEVEL = "_rest"
+
+
+def level_matrix(rewards: Sequence[object]) -> Tensor:
+    """The reward levels of n rewards (objects with ``total`` and a ``levels`` dict, e.g. JointReward)
+    as Tensor[K, n] float64: one row per level name (in order of first appearance; a reward without
+    the level has 0), plus a row for what the levels leave of the total where that is not 0
+    anywhere (|rest| > 1e-9). A reward without levels is its total alone."""
+    names: dict[str, None] = {}
+    for r in rewards:
+        names.update(dict.fromkeys(r.levels))  # type: ignore[attr-defined]
+    rows = [[float(r.levels.get(k, 0.0)) for r in rewards] for k in names]  # type: ignore[attr-defined]
+    rest = [float(r.total) - sum(r.levels.values()) for r in rewards]  # type: ignore[attr-defined]
+    if any(abs(x) > 1e-9 for x in rest):
+        rows.append(rest)
+    return torch.tensor(rows, dtype=torch.float64).reshape(len(rows), len(rewards))
+
+
+def normalize_then_sum(
+    levels: Tensor, groups: GroupIndex, baseline: str = "mean", eps: float = 1e-6, *, unbiased_std: bool = False
+) -> Tensor:
+    """GDPO's advantages (module doc). levels: Tensor[K, n], the K levels of n samples; groups: their
+    sibling groups. Returns Tensor[n] (float64): per level the baseline then per-group
+    normalization (every group-constant baseline gives the same), summed over levels, then
+    normalized over all n samples (population std unless ``unbiased_std``, at least eps)."""
+    if levels.dim() != 2 or levels.shape[1] != groups.ids.numel():
+        raise ValueError(f"levels must be [K, n] with n = {groups.ids.numel()} samples, got {tuple(levels.shape)}")
+    total = levels.new_zeros(levels.shape[1], dtype=torch.float64)
+    for level in levels:
+        total += _advantages_flat(level.to(torch.float64), groups, baseline, True, eps, unbiased_std)
+    one = GroupIndex.dense(1, total.numel(), device=total.device)
+    return normalize_grouped(total, one, eps=eps, unbiased_std=unbiased_std) if total.numel() else total
+
+
+def tree_level_advantages(
+    levels_per_turn: Sequence[Tensor],
+    parent_per_turn: Sequence[Tensor],
+    gamma: float = 1.0,
+    baseline: str = "mean",
+    eps: float = 1e-6,
+    *,
+    unbiased_std: bool = False,
+) -> list[Tensor]:
+    """``tree_advantages`` with GDPO's level normalization: levels_per_turn[t] is Tensor[K, n_t] (the
+    same K levels at every turn); each level's returns come from ``tree_returns``, its advantages
+    are normalized in the sibling groups of every turn, and the summed advantages are normalized
+    over every node of the tree. Returns list[Tensor[n_t]] (float64)."""
+    k = {lv.shape[0] for lv in levels_per_turn}
+    if len(k) != 1 or any(lv.dim() != 2 for lv in levels_per_turn):
+        raise ValueError(f"every turn needs the same levels [K, n_t], got {[tuple(lv.shape) for lv in levels_per_turn]}")
+    returns = [tree_returns([lv[j] for lv in levels_per_turn], parent_per_turn, gamma) for j in range(k.pop())]
+    # Sibling groups over the whole tree: (turn, parent) pairs numbered turn by turn.
+    ids, offset = [], 0
+    for p in parent_per_turn:
+        ids.append(p.long() + offset)
+        offset += int(p.max()) + 1 if p.numel() else 0
+    groups = GroupIndex.from_ids(torch.cat(ids)) if ids else GroupIndex.dense(0, 1)
+    flat = torch.stack([torch.cat(r) for r in returns])  # [K, total nodes]
+    adv = normalize_then_sum(flat, groups, baseline, eps, unbiased_std=unbiased_std)
+    return list(adv.split([lv.shape[1] for lv in levels_per_turn]))

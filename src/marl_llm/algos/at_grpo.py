@@ -7,9 +7,11 @@ group, and continues the episode from the best candidate (greedy continuation; o
 applied as the agent's transition so the next agent in the turn sees it.
 
 - Turn-based tasks (Sokoban, Plan-Path): `marl_llm.tasks.turn_based.run_episodes`.
-- Joint-reward tasks (writing, code): the agents sample K joint actions in parallel from the
-  current node (team = the joint reward, local = 0), groups are (env, agent, turn), and only the
-  best joint action is expanded in the next turn. Single-turn, this is per-agent GRPO groups.
+- Joint-reward tasks (writing, code, task=env): the agents sample K joint actions in parallel from
+  the current node (team = the joint reward, local = the agent's own reward where the task gives
+  one, as task=env's environments do, else 0), groups are (env, agent, turn), and only the best
+  joint action (by team reward; with local rewards, by the agents' summed scores) is expanded in
+  the next turn. Single-turn, this is per-agent GRPO groups.
 
 Advantage in a group: A = (r - mean) / (std + eps) (unbiased std, as verl). Loss: PPO clipped
 surrogate, token-mean, `ppo_epochs` passes in mini-batches (marl_llm.algos.update). Each sample
@@ -40,13 +42,14 @@ from typing import Any, Optional
 import torch
 
 
+from marl_llm.algos.advantages import REST_LEVEL, REWARD_LEVELS, GroupIndex, level_matrix, normalize_then_sum
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.update import UpdateSettings, policy_update
 from marl_llm.config import PolicyConfig, check_choice, check_value
 from marl_llm.distributed.data_parallel import all_sum
 from marl_llm.training.episodes import JointNode, JointTree, collect_tree
 from marl_llm.training.rollout_metrics import level_metrics
-from marl_llm.tasks.base import Problem
+from marl_llm.tasks.base import JointReward, Problem
 from marl_llm.tasks.turn_based import CandidateGroup, TurnTask, env_key, run_episodes
 
 
@@ -72,6 +75,10 @@ class ATGRPOConfig(PolicyConfig):
     # int(n * frac) groups with the lowest mean score (PettingLLMs: filter_method=mean, 0.5).
     filter_zero_std: bool = False
     filter_low_mean_frac: float = 0.0
+    # sum: the advantage of each candidate's score (the paper's). normalize_then_sum: GDPO's, each
+    # component of the score (the team reward's levels times alpha, the agent's own reward)
+    # normalized within its group, summed, the sum normalized over the step (algos/advantages.py).
+    reward_levels: str = "sum"
     learning_rate: float = 5.0e-6
     max_grad_norm: float = 1.0
     # Policies: one for all roles by default (per_agent: one per role; or `policy_map`).
@@ -87,6 +94,7 @@ class ATGRPOConfig(PolicyConfig):
     def check(cfg: Any) -> None:
         a = cfg.algo
         check_choice(cfg, "algo.select", ("best", "random"))
+        check_choice(cfg, "algo.reward_levels", REWARD_LEVELS)
         check_value(a.num_branches >= 2, "algo.num_branches", "K must be >= 2: a group of one has no advantage")
         check_value(a.num_turns >= 1, "algo.num_turns", "must be >= 1")
         check_value(a.eps > 0, "algo.eps", "must be > 0")
@@ -154,9 +162,26 @@ class ATGRPO(Algorithm):
                                         a.num_branches, a.alpha, a.select, self.rng)
             return ATTree(tree.problems, tree.turns, groups)
 
+        def agent_score(n: JointNode, i: int) -> float:
+            """alpha * team + the agent's own reward, where the task gives one (task=env)."""
+            return a.alpha * n.reward.total + (n.reward.local[i] if n.reward.local else 0.0)
+
+        def score_levels(n: JointNode, i: int) -> dict[str, float]:
+            """agent_score's components: alpha * each level of the team reward (and what the levels
+            leave of it), the agent's own reward."""
+            levels = {k: a.alpha * v for k, v in n.reward.levels.items()}
+            rest = n.reward.total - sum(n.reward.levels.values())
+            if abs(rest) > 1e-9:
+                levels[REST_LEVEL] = a.alpha * rest
+            if n.reward.local:
+                levels["local"] = n.reward.local[i]
+            return levels
+
         def continue_from(siblings: list[JointNode]) -> list[JointNode]:
             if a.select == "random":
                 return [self.rng.choice(siblings)]
+            if siblings[0].reward.local:  # the joint action whose agents' scores sum highest
+                return [max(siblings, key=lambda n: sum(agent_score(n, i) for i in range(self.task.num_agents)))]
             return [max(siblings, key=lambda n: n.reward.total)]  # ties: the first
 
         tree = collect_tree(self.task, self.rollout.generate, problems, [a.num_branches] * self.turns, sampling,
@@ -167,11 +192,11 @@ class ATGRPO(Algorithm):
             for n in turn:
                 by_parent.setdefault((n.problem, n.parent), []).append(n)
             for (b, _), siblings in by_parent.items():
-                scores = [a.alpha * n.reward.total for n in siblings]  # team reward; no role reward here
-                chosen = scores.index(max(scores))
                 for i in range(self.task.num_agents):
+                    scores = [agent_score(n, i) for n in siblings]
                     groups.append(CandidateGroup((env_key(b, tree.problems[b].uid), i, t),
-                                                 [n.completions[i] for n in siblings], scores, chosen))
+                                                 [n.completions[i] for n in siblings], scores,
+                                                 scores.index(max(scores)), [score_levels(n, i) for n in siblings]))
         return ATTree(tree.problems, tree.turns, groups)
 
     supports_turn_tasks = True
@@ -218,14 +243,29 @@ class ATGRPO(Algorithm):
         groups = self.kept_groups(tree)  # before any advantage: a dropped group's samples count nowhere
         batches = [AgentBatch(i) for i in range(self.task.num_agents)]
         advs: list[list[float]] = [[] for _ in batches]
+        by_level = iter(self._level_advantages(groups)) if a.reward_levels == "normalize_then_sum" else None
         for g in groups:
             _, agent, turn = g.key
             batches[agent].completions.extend(g.completions)
             batches[agent].turns.extend([turn] * len(g.completions))
-            advs[agent].extend(group_advantages(g.scores, a.eps, a.unbiased_std))
+            if by_level is not None:
+                advs[agent].extend(next(by_level) for _ in g.completions)
+            else:
+                advs[agent].extend(group_advantages(g.scores, a.eps, a.unbiased_std))
         for b, v in zip(batches, advs):
             b.advantages = torch.tensor(v, dtype=torch.float32)
         return batches
+
+    def _level_advantages(self, groups: list[CandidateGroup]) -> list[float]:
+        """algo.reward_levels=normalize_then_sum (GDPO): each component of the candidates' scores
+        (the team reward's levels times alpha, the agent's own reward) normalized within its group,
+        summed, normalized over the step's kept candidates; in the groups' order."""
+        rewards = [JointReward(score, levels) for g in groups for score, levels in zip(g.scores, g.levels)]
+        ids = torch.tensor([j for j, g in enumerate(groups) for _ in g.scores], dtype=torch.long)
+        if not rewards:
+            return []
+        return normalize_then_sum(level_matrix(rewards), GroupIndex.from_ids(ids), eps=self.cfg.eps,
+                                  unbiased_std=self.cfg.unbiased_std).tolist()
 
     # ---------------------------------------------------------------------------------- update
     def update(self, batches: list[AgentBatch], end_of_epoch: bool = False) -> dict[str, float]:

@@ -9,6 +9,7 @@ The trainer calls, once per step:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -50,6 +51,10 @@ class Algorithm(ABC):
     trainable: bool = True
     # True: can play turn-based tasks (marl_llm.tasks.turn_based: Sokoban, Plan-Path).
     supports_turn_tasks: bool = False
+    # trainer.eval_protocol=paper: True if the reference evaluates with its training rollout (comlrl's
+    # actor-critic trainers: early termination, discounted returns); False: every turn played,
+    # undiscounted returns (comlrl's MAGRPO).
+    eval_as_training: bool = False
 
     @classmethod
     def task_view(cls, task: Task, cfg: Any) -> Task:
@@ -75,9 +80,14 @@ class Algorithm(ABC):
         over = self.cfg.get("agent_sampling") or {}
         params = [SamplingParams.from_cfg(self.cfg.sampling, **dict(over.get(name, {})))
                   for name in self.task.agent_names]
-        return [p if p.top_k is not None else dataclasses.replace(
-                    p, top_k=generation_default_top_k(self.policies.models[self.policies.agents[i].model_index]))
-                for i, p in enumerate(params)]
+        out = []
+        for i, p in enumerate(params):
+            if p.top_k is None:  # the model's generation config, as the references' generate()
+                model = self.policies.models[self.policies.agents[i].model_index]
+                warn_unapplied_generation_settings(model)
+                p = dataclasses.replace(p, top_k=generation_default_top_k(model))
+            out.append(p)
+        return out
 
     @property
     def eval_turns(self) -> int:
@@ -87,19 +97,9 @@ class Algorithm(ABC):
         return int(self.cfg.get("num_turns", 1))
 
     def early_stop(self) -> Terminate | None:
-        """algo.early_termination on shifted rewards, by algo.early_termination_rule: joint_action
-        (default) ends each joint action whose reward reaches the threshold; node_mean (comlrl's)
-        expands none of a sibling group whose mean reward exceeds it."""
-        threshold = self.cfg.get("early_termination")
-        if threshold is None:
-            return None
-        shift = self.task.reward_shift
-        if self.cfg.get("early_termination_rule", "joint_action") == "node_mean":
-            def node_mean(group: list[JointNode]) -> list[bool]:
-                mean = sum(n.reward.total + shift for n in group) / len(group)
-                return [mean > threshold] * len(group)
-            return node_mean
-        return lambda group: [n.reward.total + shift >= threshold for n in group]
+        """algo.early_termination on shifted rewards, by algo.early_termination_rule (early_stop_rule)."""
+        return early_stop_rule(self.cfg.get("early_termination"), self.cfg.get("early_termination_rule", "joint_action"),
+                               self.task.reward_shift)
 
     def rollout_tree(self, problems: list[Problem], widths: list[int], sampling: list[SamplingParams],
                      terminate: Terminate | None = None, joint_mode: str = "align") -> JointTree:
@@ -149,6 +149,20 @@ class Algorithm(ABC):
         pass
 
 
+def early_stop_rule(threshold: float | None, rule: str, shift: float) -> Terminate | None:
+    """Which joint actions of a sibling group are not expanded, on rewards + shift: joint_action
+    (marl-llm's) ends each one whose reward reaches the threshold; node_mean (comlrl's) expands none
+    of a group whose mean reward exceeds it. None: no threshold."""
+    if threshold is None:
+        return None
+    if rule == "node_mean":
+        def node_mean(group: list[JointNode]) -> list[bool]:
+            mean = sum(n.reward.total + shift for n in group) / len(group)
+            return [mean > threshold] * len(group)
+        return node_mean
+    return lambda group: [n.reward.total + shift >= threshold for n in group]
+
+
 def generation_default_top_k(model) -> int:
     """The top_k generate() samples with when the caller passes none: the model's generation
     config, else transformers' global default (50)."""
@@ -157,6 +171,38 @@ def generation_default_top_k(model) -> int:
         defaults = getattr(model.generation_config, "_get_default_generation_params", lambda: {})()
         top_k = defaults.get("top_k", 50)
     return int(top_k)
+
+
+def unapplied_generation_settings(model) -> dict[str, Any]:
+    """The sampling settings of the model's generation config, other than temperature, top_p and
+    top_k, that generate() applies when its caller passes none (as the reference trainers call it)
+    and marl-llm's sampler does not: each one that differs from transformers' default."""
+    from transformers import GenerationConfig
+
+    default, own = GenerationConfig(), model.generation_config
+    return {k: getattr(own, k) for k in UNAPPLIED_GENERATION_KEYS if getattr(own, k, None) != getattr(default, k, None)}
+
+
+# Logits processors generate() builds from the generation config (transformers' own keys).
+UNAPPLIED_GENERATION_KEYS = ("repetition_penalty", "encoder_repetition_penalty", "no_repeat_ngram_size", "min_p",
+                             "typical_p", "epsilon_cutoff", "eta_cutoff", "min_length", "min_new_tokens",
+                             "bad_words_ids", "suppress_tokens", "begin_suppress_tokens", "sequence_bias",
+                             "exponential_decay_length_penalty", "forced_bos_token_id", "forced_eos_token_id")
+_WARNED: set[int] = set()
+
+
+def warn_unapplied_generation_settings(model) -> None:
+    """algo.sampling.top_k=null reads the model's generation config as the references' generate()
+    does, for top_k; say once per model which other settings of it generate() would also apply."""
+    if id(model) in _WARNED:
+        return
+    _WARNED.add(id(model))
+    extra = unapplied_generation_settings(model)
+    if extra:
+        logging.getLogger("marl_llm").warning(
+            "the generation config of %s sets %s, which the reference trainers' generate() applies and marl-llm's "
+            "sampler does not (docs/fidelity.md)", getattr(model, "name_or_path", type(model).__name__),
+            ", ".join(f"{k}={v!r}" for k, v in extra.items()))
 
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}

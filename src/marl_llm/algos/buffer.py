@@ -103,8 +103,8 @@ class SampleBuffer:
         def plain(s: BufferedSample) -> dict[str, Any]:
             return {"turn": s.turn, "advantages": s.advantages, "extra": s.extra,
                     # Completion's fields in order (Completion(*c) also reads the older 4-tuples).
-                    "completions": [(c.prompt_ids, c.completion_ids, c.text, c.truncated, c.rollout_logprobs)
-                                    for c in s.completions]}
+                    "completions": [(c.prompt_ids, c.completion_ids, c.text, c.truncated, c.rollout_logprobs,
+                                     c.loss_ids) for c in s.completions]}
         return {"drains": self.drains, "items": [(k, [plain(s) for s in v]) for k, v in self.items.items()]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -42,30 +42,17 @@ from omegaconf import MISSING
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.buffer import BufferedSample, SampleBuffer, step_stats
 from marl_llm.algos.critic import Critic, ValueHead, has_dropout
+from marl_llm.algos.loss_tokens import ACTOR_CRITIC_LOSS_TOKENS, with_loss_tokens
 from marl_llm.algos.returns import gae, normalize_per_group, td0
 from marl_llm.algos.update import UpdateSettings, policy_update
 from marl_llm.config import PolicyConfig, UserError, check_choice, check_policy_updates, check_value
 from marl_llm.distributed import fsdp, placement
-from marl_llm.training.episodes import JointNode, JointTree
+from marl_llm.training.episodes import JointNode, JointTree, trajectories
 from marl_llm.training.rollout_metrics import reward_metrics
 from marl_llm.models.policies import full_model, lora_weights
 from marl_llm.models.loading import load_base
 from marl_llm.models.prompting import encode_prompt
 from marl_llm.tasks.base import Problem
-
-
-def trajectories(tree: JointTree) -> list[list[JointNode]]:
-    """The tree's chains of joint actions, root to end (a width-1 tree: one per environment)."""
-    chains = []
-    for t, turn in enumerate(tree.turns):
-        for node in turn:
-            if node.terminated:
-                chain, parent = [node], node.parent
-                for earlier in range(t - 1, -1, -1):
-                    chain.append(tree.turns[earlier][parent])
-                    parent = chain[-1].parent
-                chains.append(chain[::-1])
-    return chains
 
 
 def joint_history(node: JointNode, with_actions: bool) -> str:
@@ -129,6 +116,9 @@ class ActorCriticConfig(PolicyConfig):
     rollout_buffer_size: Optional[int] = None
     train_batch_size: Optional[int] = None
     loss_aggregation: str = "seq_sum"
+    # Tokens the actor loss scores (algos/loss_tokens.py). completion: through the first EOS;
+    # before_pad: comlrl's, the ids before the first pad token (no EOS when pad == eos).
+    loss_tokens: str = "completion"
     learning_rate: float = 5.0e-6
     weight_decay: float = 0.01
     critic: CriticConfig = field(default_factory=CriticConfig)
@@ -139,6 +129,7 @@ class ActorCriticConfig(PolicyConfig):
         check_choice(cfg, "algo.estimator", ("td0", "gae"))
         check_choice(cfg, "algo.critic.placement", ("adapter", "separate", "actor"))
         check_choice(cfg, "algo.critic.kind", ("value", "q"))
+        check_choice(cfg, "algo.loss_tokens", ACTOR_CRITIC_LOSS_TOKENS)
         check_value(c.placement != "actor" or a.name == "collm_dc", "algo.critic.placement",
                     "actor (a value head on the actor's own trunk) is per agent: use algo=collm_dc")
         check_policy_updates(a)
@@ -166,6 +157,7 @@ class CriticBatch:
 
 class ActorCritic(Algorithm):
     supports_turn_tasks = True
+    eval_as_training = True
     # True: one critic over the joint history (CC); False: one critic per agent (DC).
     centralized: ClassVar[bool] = True
 
@@ -277,7 +269,11 @@ class ActorCritic(Algorithm):
             # Buffered: normalized when drained, over the turn's samples in the buffer.
             if a.normalize_advantages and self.buffer is None:
                 adv = normalize_per_group(adv, [(i, t) for t in turns])
-            batches.append(AgentBatch(i, [n.completions[i] for n in nodes], adv.float(), list(turns)))
+            comps = [n.completions[i] for n in nodes]
+            if a.loss_tokens != "completion":  # one trajectory per environment: each sample its own node
+                pad = self.policies.tokenizers[self.policies.agents[i].model_index].pad_token_id
+                comps = [c for one in comps for c in with_loss_tokens(a.loss_tokens, [one], pad)]
+            batches.append(AgentBatch(i, comps, adv.float(), list(turns)))
         return batches
 
     def _fits_at_collection(self, critic: Critic, spans: list[list[int]]) -> bool:

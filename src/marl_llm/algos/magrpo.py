@@ -19,10 +19,12 @@ import torch
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from marl_llm.algos.advantages import (BASELINE_MIN_GROUP_SIZE, BASELINES, GROUP_BASELINES, JOINT_MODES,
-                                      per_agent_advantages, tree_advantages)
+from marl_llm.algos.advantages import (BASELINE_MIN_GROUP_SIZE, BASELINES, GROUP_BASELINES, JOINT_MODES, REWARD_LEVELS,
+                                      GroupIndex, level_matrix, normalize_then_sum, per_agent_advantages,
+                                      per_agent_returns, tree_advantages, tree_level_advantages)
 from marl_llm.algos.base import AgentBatch, Algorithm, register_algorithm
 from marl_llm.algos.buffer import BufferedSample, SampleBuffer, step_stats
+from marl_llm.algos.loss_tokens import MAGRPO_LOSS_TOKENS, with_loss_tokens
 from marl_llm.algos.losses import k3_kl
 from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
 from marl_llm.config import PolicyConfig, check_choice, check_policy_updates, check_value
@@ -45,6 +47,9 @@ class MAGRPOConfig(PolicyConfig):
     baseline: str = "mean"
     # Divide advantages by the group std. With it on, all four baselines coincide.
     normalize_advantages: bool = False
+    # sum: the advantage of the reward's total (the paper's). normalize_then_sum: GDPO's, each reward
+    # level normalized within its group, summed, the sum normalized over the step (algos/advantages.py).
+    reward_levels: str = "sum"
     num_turns: int = 2
     # Return of a node: r + discount * mean(children's returns).
     discount: float = 1.0
@@ -64,6 +69,10 @@ class MAGRPOConfig(PolicyConfig):
     max_grad_norm: Optional[float] = 1.0
     # seq_sum: the paper's sum of token log-probs per completion; token_mean: mean over all tokens.
     loss_aggregation: str = "seq_sum"
+    # Tokens the loss scores (algos/loss_tokens.py). completion: each completion through its first
+    # EOS; padded_row: comlrl's, the node's generate() row (padding after EOS included) minus its
+    # last token.
+    loss_tokens: str = "completion"
     # PPO ratio clipping (null: off, the paper's single on-policy step) and inner epochs.
     clip_eps: Optional[float] = None
     ppo_epochs: int = 1
@@ -78,6 +87,11 @@ class MAGRPOConfig(PolicyConfig):
         check_choice(cfg, "algo.joint_mode", JOINT_MODES)
         check_choice(cfg, "algo.baseline", BASELINES)
         check_choice(cfg, "algo.kl_mode", ("reward", "loss"))
+        check_choice(cfg, "algo.reward_levels", REWARD_LEVELS)
+        check_value(a.reward_levels == "sum" or a.kl_coef == 0 or a.kl_mode == "loss", "algo.reward_levels",
+                    "normalize_then_sum normalizes the task's reward levels, and a KL that shapes the reward is none "
+                    "of them: set algo.kl_mode=loss (or algo.reward_levels=sum)")
+        check_choice(cfg, "algo.loss_tokens", MAGRPO_LOSS_TOKENS)
         check_value(a.num_generations >= 1, "algo.num_generations", "must be >= 1")
         need = max(BASELINE_MIN_GROUP_SIZE[a.baseline], 2 if a.baseline in GROUP_BASELINES else 1)
         check_value(a.num_generations >= need, "algo.num_generations",
@@ -124,7 +138,9 @@ class MAGRPO(Algorithm):
                     start += len(turn)
         # Per agent: (completion, advantage, turn) of every sample.
         rows: list[list[tuple[Completion, float, int]]] = [[] for _ in range(n_agents)]
-        if a.joint_mode == "cross":
+        if a.reward_levels == "normalize_then_sum":
+            self._level_rows(tree, rows)
+        elif a.joint_mode == "cross":
             G, nodes = a.num_generations, tree.turns[0]
             for b in range(len(tree.problems)):
                 idx = [j for j, n in enumerate(nodes) if n.problem == b]  # G^N nodes in product order
@@ -140,9 +156,47 @@ class MAGRPO(Algorithm):
                 advs = tree_advantages(agent_rewards[i], parents, a.discount, a.baseline, a.normalize_advantages)
                 for t, turn in enumerate(tree.turns):
                     rows[i].extend((n.completions[i], adv, t) for n, adv in zip(turn, advs[t].tolist()))
+        if a.loss_tokens != "completion":
+            self._loss_tokens(tree, rows)
         groups = sibling_groups(tree) if self.buffer is not None else None  # the buffer's node samples
         return [AgentBatch(i, [c for c, _, _ in r], torch.tensor([v for _, v, _ in r], dtype=torch.float32),
                            [t for _, _, t in r], agent_kl[i], groups) for i, r in enumerate(rows)]
+
+    def _level_rows(self, tree: JointTree, rows: list[list[tuple[Completion, float, int]]]) -> None:
+        """algo.reward_levels=normalize_then_sum (GDPO): every sample's advantage from the reward's
+        levels (algos/advantages.py), one level matrix [K, nodes] over the whole tree."""
+        a, n_agents = self.cfg, self.task.num_agents
+        levels = level_matrix([n.reward for n in tree.nodes()])
+        if a.joint_mode == "cross":
+            G, nodes = a.num_generations, tree.turns[0]
+            for i in range(n_agents):
+                samples, values = [], []  # agent i's G samples per problem, and their [K] level returns
+                for b in range(len(tree.problems)):
+                    idx = [j for j, n in enumerate(nodes) if n.problem == b]  # G^N nodes in product order
+                    joint = levels[:, idx].reshape([len(levels)] + [G] * n_agents)  # [K] + [G]*N
+                    values.append(per_agent_returns(joint, n_agents, "cross")[:, i])  # [K, G]
+                    samples += [next(nodes[j] for j in idx if nodes[j].choice[i] == g).completions[i] for g in range(G)]
+                adv = normalize_then_sum(torch.cat(values, dim=1), GroupIndex.dense(len(tree.problems), G), a.baseline)
+                rows[i].extend((c, float(v), 0) for c, v in zip(samples, adv))
+            return
+        parents = [torch.tensor([n.parent for n in turn], dtype=torch.long) for turn in tree.turns]
+        advs = tree_level_advantages(list(levels.split([len(t) for t in tree.turns], dim=1)), parents, a.discount,
+                                     a.baseline)
+        for i in range(n_agents):
+            for t, turn in enumerate(tree.turns):
+                rows[i].extend((n.completions[i], adv, t) for n, adv in zip(turn, advs[t].tolist()))
+
+    def _loss_tokens(self, tree: JointTree, rows: list[list[tuple[Completion, float, int]]]) -> None:
+        """algo.loss_tokens (padded_row: comlrl's) for every sample, node by node: the samples its
+        agent drew together (align: the sibling group; cross: the agent's G samples of the problem)."""
+        G = self.cfg.num_generations
+        groups = ([list(range(s, s + G)) for s in range(0, len(rows[0]), G)] if self.cfg.joint_mode == "cross"
+                  else sibling_groups(tree))
+        for i, r in enumerate(rows):
+            pad = self.policies.tokenizers[self.policies.agents[i].model_index].pad_token_id
+            for g in groups:
+                for j, c in zip(g, with_loss_tokens(self.cfg.loss_tokens, [r[j][0] for j in g], pad)):
+                    r[j] = (c, r[j][1], r[j][2])
 
     @torch.no_grad()
     def _sequence_kl(self, agent: int, completions: list[Completion]) -> torch.Tensor:

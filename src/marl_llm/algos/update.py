@@ -101,7 +101,7 @@ def micro_batches(completions: list[Completion], size: int, subset: list[int] | 
         groups.setdefault(tuple(completions[j].prompt_ids.tolist()), []).append(j)
     chunks = [idx[s:s + size] for idx in groups.values() if len(idx) > 1 for s in range(0, len(idx), size)]
     singles = sorted((idx[0] for idx in groups.values() if len(idx) == 1),
-                     key=lambda j: len(completions[j].prompt_ids) + len(completions[j].completion_ids))
+                     key=lambda j: len(completions[j].prompt_ids) + len(completions[j].scored_ids))
     return chunks + [singles[s:s + size] for s in range(0, len(singles), size)]
 
 
@@ -159,6 +159,7 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
     if off_policy and s.clip_eps is None:
         raise ValueError("several optimizer steps per batch need PPO ratio clipping: set clip_eps")
     total_tokens = sum(len(c.completion_ids) for c in comps)
+    scored_tokens = sum(len(c.scored_ids) for c in comps)  # the loss's tokens (algo.loss_tokens)
     old: dict[int, torch.Tensor] = {}  # sample -> sampling-time token log-probs, Tensor[len]
     ref_logps: dict[tuple[int, ...], torch.Tensor] = {}
     acc: dict[str, float] = {}
@@ -168,11 +169,11 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
 
         def logps(idx: list[int], with_entropy: bool = False):
             return completion_logprobs(model, [comps[j].prompt_ids for j in idx],
-                                       [comps[j].completion_ids for j in idx], pad, with_entropy=with_entropy)
+                                       [comps[j].scored_ids for j in idx], pad, with_entropy=with_entropy)
 
         def keep_old(idx: list[int], logp: torch.Tensor) -> None:
             for row, j in enumerate(idx):
-                old[j] = logp[row, :len(comps[j].completion_ids)].detach()
+                old[j] = logp[row, :len(comps[j].scored_ids)].detach()
 
         # Passes without gradients first, each kind as one phase (FSDP: fsdp.passes).
         if off_policy and steps_per_epoch > 1:  # later mini-batches run after earlier steps
@@ -186,11 +187,11 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
                     fsdp.passes(ref_model, len(chunks), grad=False):
                 for idx in chunks:
                     ref_logps[tuple(idx)] = completion_logprobs(ref_model, [comps[j].prompt_ids for j in idx],
-                                                                [comps[j].completion_ids for j in idx], pad)[0]
+                                                                [comps[j].scored_ids for j in idx], pad)[0]
         for epoch in range(s.epochs):
             for batch in mini_batches:
                 opt.zero_grad(set_to_none=True)
-                batch_tokens = sum(len(comps[j].completion_ids) for j in batch)
+                batch_tokens = sum(len(comps[j].scored_ids) for j in batch)
                 # This rank's share of the batch, in the unit its loss is normalized by.
                 share = batch_tokens if s.aggregation == "token_mean" else len(batch)
                 chunks = micro_batches(comps, micro_batch_size, batch)
@@ -231,7 +232,7 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
     out.update({
         "grad_norm": grad_norm,
         "optimizer_steps": float(n_steps),
-        "entropy": entropy_sum / max(total_tokens, 1),
+        "entropy": entropy_sum / max(scored_tokens, 1),
         "learning_rate": float(opt.param_groups[0]["lr"]),
         "num_tokens": float(total_tokens),  # this step's completion tokens (the logger keeps TRL's running total)
         "prompt_tokens": float(sum(len(c.prompt_ids) for c in comps)),

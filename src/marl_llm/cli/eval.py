@@ -306,7 +306,7 @@ def _evaluate(cfg: DictConfig, args: argparse.Namespace, run_dir: Path, source: 
     atomic_write_text(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     atomic_write_text(out_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(overrides)))
     atomic_write_text(out_dir / "metrics.json", json.dumps(result, indent=2, default=str) + "\n")
-    say(format_metrics(metrics, ("pass@1", "success_rate", "reward", "completions/mean_length")))
+    say(format_metrics(metrics, ("pass@1", "pass@1_ceiling", "success_rate", "reward", "completions/mean_length")))
     say(f"metrics: {out_dir / 'metrics.json'}")
     return out_dir
 

@@ -31,7 +31,8 @@ After both agents acted, `end_turn()` scores the state (reward of the turn):
 * absent_agents = number of agents none of whose palette blocks appears anywhere in the build.
 
 success = coverage >= success_coverage and extra_ratio <= success_max_extra; the episode is
-done on success or when `max_turns` turns have been ended. `step` / `end_turn` after the end
+done on success (unless `end_on_success=False`) or when `max_turns` turns have been ended. The
+CoLLM reference's own reward differs in several ways (tasks/strbuild_reward_paper.py). `step` / `end_turn` after the end
 of the episode raise RuntimeError. All state lives in plain attributes (`copy.deepcopy` works).
 """
 
@@ -174,7 +175,7 @@ class StrBuildEnv:
     def __init__(self, target: str,
                  palettes: tuple[tuple[str, ...], ...] = DEFAULT_PALETTES,
                  max_turns: int = 4, success_coverage: float = 0.95,
-                 success_max_extra: float = 0.05, letter_gap: int = GAP):
+                 success_max_extra: float = 0.05, letter_gap: int = GAP, end_on_success: bool = True):
         if not isinstance(target, str):
             raise TypeError("target must be a string")
         for ch in target:
@@ -204,6 +205,9 @@ class StrBuildEnv:
         self.success_coverage = success_coverage
         self.success_max_extra = success_max_extra
         self.letter_gap = letter_gap
+        # False: success is reported but does not end the episode (only max_turns does), as in
+        # the CoLLM reference, whose episodes end at the horizon or the trainer's early termination.
+        self.end_on_success = end_on_success
         self.width = len(target) * (GLYPH + letter_gap) - letter_gap
         self._target = self._compute_target()
         self.state: dict[Pos, str] = {}
@@ -307,7 +311,7 @@ class StrBuildEnv:
         m = self.metrics()
         self.turn += 1
         self.success = m["success"]
-        self.done = self.success or self.turn >= self.max_turns
+        self.done = (self.success and self.end_on_success) or self.turn >= self.max_turns
         self.last_rejected = self.pending_rejected
         self.pending_rejected = [[] for _ in range(self.n_agents)]
         self.last_result = TurnResult(done=self.done, turn=self.turn, **m)

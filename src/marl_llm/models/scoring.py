@@ -129,12 +129,16 @@ def final_states(model: Any, head: torch.nn.Module, **inputs: Any):
     return out, states, autocast
 
 
+def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def _chunk_logprobs(head: torch.nn.Module | None, x: torch.Tensor, targets: torch.Tensor,
                     entropy: dict[str, Any] | None) -> torch.Tensor:
     """Log-probs [n] of `targets` [n] from hidden states x [n, H] (head=None: x are logits
-    [n, V]), in fp32. Appends the entropies [n] (no gradient) to entropy["chunks"] unless
+    [n, V]), in fp32 (fp64 stays fp64, so the tests can tell rounding from a real difference). Appends the entropies [n] (no gradient) to entropy["chunks"] unless
     entropy["done"] (the checkpoint's recomputation in the backward)."""
-    logits = (x if head is None else head(x)).float()  # [n, V]
+    logits = _at_least_fp32(x if head is None else head(x))  # [n, V]
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(1, targets.unsqueeze(1)).squeeze(1) - lse
     if entropy is not None and not entropy["done"]:
@@ -152,7 +156,8 @@ def token_logprobs(states: torch.Tensor, targets: torch.Tensor, mask: torch.Tens
     decoder's autocast state), or [B, C, V] logits when head is None. mask [B, C]: 1 where a
     token counts; other positions are skipped and get 0. chunk_elements: a chunk's rows x V
     (default LOGIT_CHUNK_ELEMENTS).
-    Returns logp [B, C] fp32 (differentiable) and, if asked, entropy [B, C] fp32 (no gradient).
+    Returns logp [B, C] fp32 (differentiable) and, if asked, entropy [B, C] fp32 (no gradient);
+    fp64 for fp64 states.
     """
     B, C = targets.shape
     keep = mask.to(states.device).bool()
@@ -176,11 +181,12 @@ def token_logprobs(states: torch.Tensor, targets: torch.Tensor, mask: torch.Tens
                 pieces.append(_chunk_logprobs(head, x, t, entropy))
     if entropy is not None:
         entropy["done"] = True
-    logp = torch.zeros((B, C), dtype=torch.float32, device=states.device)
-    logp = logp.index_put(keep.nonzero(as_tuple=True), torch.cat(pieces))
+    kept = torch.cat(pieces)  # [N]
+    logp = torch.zeros((B, C), dtype=kept.dtype, device=states.device)
+    logp = logp.index_put(keep.nonzero(as_tuple=True), kept)
     ent = None
     if entropy is not None:
-        ent = torch.zeros((B, C), dtype=torch.float32, device=states.device)
+        ent = torch.zeros((B, C), dtype=kept.dtype, device=states.device)
         ent[keep] = torch.cat(entropy["chunks"])
         ent = ent * mask.to(ent.device, ent.dtype)
     return logp * mask.to(logp.device, logp.dtype), ent

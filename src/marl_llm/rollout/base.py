@@ -51,6 +51,15 @@ class Completion:
     # reported none; None from HFRollout (the trainer's own model). The update corrects the
     # sampler/trainer mismatch with it (algo.rollout_is_cap, algos/losses.py).
     rollout_logprobs: torch.Tensor | None = None
+    # [L] int64 on CPU: the ids the policy loss scores when algo.loss_tokens asks for others than
+    # the completion's (algos/loss_tokens.py: comlrl's padded rows, or the ids before the first
+    # pad); None: completion_ids. Only the loss reads it; lengths and stats stay the completion's.
+    loss_ids: torch.Tensor | None = None
+
+    @property
+    def scored_ids(self) -> torch.Tensor:
+        """The ids the policy loss scores: loss_ids when set, else completion_ids."""
+        return self.completion_ids if self.loss_ids is None else self.loss_ids
 
 
 class Rollout(Protocol):

@@ -26,6 +26,7 @@ from marl_llm.config import UserError
 from marl_llm.rollout.base import PROGRESS, Completion, GenRequest
 from marl_llm.rollout.mixed_lora import MixedLoRA, has_adapters
 from marl_llm.rollout.sampling import PerRowSampling, SamplingParams, uniform_draws
+from marl_llm.rollout.stops import cut_at_stop, stop_position
 from marl_llm.models.policies import AgentPolicies
 from marl_llm.models.prompting import encode_prompt
 
@@ -85,18 +86,30 @@ class HFRollout:
         prompts = [encode_prompt(tok, r.message) for r in requests]
         adapters = [self.policies.agents[r.agent].adapter for r in requests]
         eos_ids = self.policies.eos_ids[k]
+        rules = [r.sampling.stop for r in requests]
+
+        def stopped(row: int, ids: torch.Tensor) -> bool:
+            return stop_position(rules[row], tok.decode(ids.tolist(), skip_special_tokens=True)) is not None
+
         with fsdp.inference_mode(model), self.policies.autocast(k):  # fp32 master weights: cast once
             generated = decode(model, prompts, adapters, [r.sampling for r in requests], eos_ids, tok.pad_token_id,
                                row_keys=[r.key for r in requests], static=self.static,
-                               compile_step=self.compile_decode)
-        return [to_completion(tok, p, ids, eos_ids) for p, ids in zip(prompts, generated)]
+                               compile_step=self.compile_decode, stop_check=stopped if any(rules) else None)
+        return [to_completion(tok, p, ids, eos_ids, rule) for p, ids, rule in zip(prompts, generated, rules)]
 
 
-def to_completion(tokenizer, prompt: list[int], generated: torch.Tensor, eos_ids: list[int]) -> Completion:
+def to_completion(tokenizer, prompt: list[int], generated: torch.Tensor, eos_ids: list[int],
+                  stop: str | None = None) -> Completion:
     """A Completion from its exact prompt ids and generated ids, cut at the first end of sequence
-    (every rollout backend builds its completions here, so they score alike)."""
+    or where the stop rule `stop` ends it (rollout/stops.py; every rollout backend builds its
+    completions here, so they score alike)."""
     ids, truncated = cut_at_eos(generated, eos_ids)
-    return Completion(torch.tensor(prompt), ids, tokenizer.decode(ids, skip_special_tokens=True), truncated)
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    cut = cut_at_stop(tokenizer, ids.tolist(), stop) if stop is not None else None
+    if cut is not None:
+        (n, text), truncated = cut, False
+        ids = ids[:n]
+    return Completion(torch.tensor(prompt), ids, text, truncated)
 
 
 def left_pad(prompts: list[Any], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -204,11 +217,14 @@ def compiled_step(device: torch.device) -> Callable[..., torch.Tensor]:
 def decode(model, prompts: list[list[int]], adapters: list[str], params: list[SamplingParams], eos_ids: list[int],
            pad_id: int, mixed_lora: bool = True, preallocate_cache: bool = True,
            row_keys: list[int | None] | None = None, static: bool = False,
-           compile_step: bool = False) -> list[torch.Tensor]:
+           compile_step: bool = False, stop_check: Callable[[int, torch.Tensor], bool] | None = None
+           ) -> list[torch.Tensor]:
     """Sample a completion for each (prompt, adapter, sampling) row; returns each row's generated
     ids [<= max_new_tokens] on CPU, through its first end-of-sequence id. `row_keys` seed rows'
     draws (GenRequest.key). `mixed_lora` and `preallocate_cache` switch those levers off for
-    the benchmark's lever table.
+    the benchmark's lever table. `stop_check(row, ids so far [t])`: has a stop rule ended the row?
+    Asked at every compaction check (COMPACT_EVERY steps), so a stopped row leaves the batch then;
+    the ids it generated after the rule's end are cut by the caller (to_completion).
 
     Shapes: the prefill runs on the U distinct (adapter, prompt) pairs [U, P]; its KV cache is
     then gathered to the B rows; each decode step feeds [b, 1]. Dynamic (default): b is the rows
@@ -280,6 +296,12 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
                 break
             if (t + 1) % COMPACT_EVERY == 0:
                 done = finished.tolist()  # the loop's only device read
+                if stop_check is not None:
+                    ended = [i for i, d in enumerate(done) if not d and stop_check(rows[i], out[rows[i], :t + 1].cpu())]
+                    for i in ended:
+                        done[i] = True
+                    if ended:
+                        finished[torch.tensor(ended, device=device)] = True
                 # about the tokens of the last COMPACT_EVERY steps (rows that ended within them count whole)
                 PROGRESS.debug("decoding", extra={"tokens": len(rows) * COMPACT_EVERY})
                 if all(done):

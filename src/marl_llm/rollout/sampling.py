@@ -20,10 +20,12 @@ class SamplingParams:
     top_k: int | None = 0  # 0: off; None: the model's generation config (Algorithm.agent_sampling fills it in)
     max_new_tokens: int = 128
     min_new_tokens: int = 0  # no end of sequence before this many tokens (benchmarks fix lengths with it)
+    stop: str | None = None  # a stop rule of rollout/stops.py (None: end of sequence and max_new_tokens only)
 
     @classmethod
     def from_cfg(cls, cfg: Any, **override: Any) -> "SamplingParams":
-        fields = {k: cfg[k] for k in ("temperature", "top_p", "top_k", "max_new_tokens", "min_new_tokens") if k in cfg}
+        fields = {k: cfg[k] for k in ("temperature", "top_p", "top_k", "max_new_tokens", "min_new_tokens", "stop")
+                  if k in cfg}
         fields.update(override)
         return cls(**fields)
 

@@ -254,7 +254,7 @@ class VLLMRollout:
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params=params,
                                     lora_request=loras, use_tqdm=False)
         results = []
-        for prompt, out in zip(prompts, outputs):
+        for prompt, out, request in zip(prompts, outputs, requests):
             sample = out.outputs[0]
             ids, logps = list(sample.token_ids), sampled_logprobs(sample)
             if sample.finish_reason == "stop" and (not ids or ids[-1] not in eos_ids):
@@ -262,7 +262,8 @@ class VLLMRollout:
                 # scored); vLLM reported no log-prob for it: NaN, weight 1.
                 ids.append(sample.stop_reason if isinstance(sample.stop_reason, int) else eos_ids[0])
                 logps.append(math.nan)
-            completion = to_completion(tok, prompt, torch.tensor(ids, dtype=torch.long), eos_ids)
+            # A stop rule (algo.sampling.stop) cuts the completion here: vLLM knows only stop strings.
+            completion = to_completion(tok, prompt, torch.tensor(ids, dtype=torch.long), eos_ids, request.sampling.stop)
             completion.rollout_logprobs = torch.tensor(logps[:len(completion.completion_ids)], dtype=torch.float32)
             results.append(completion)
         return results

@@ -189,7 +189,7 @@ FREE_ON_RESUME = (
     "run_dir", "logger", "cluster", "plan",
     "trainer.max_steps",  # a longer (or shorter) run; with a non-constant LR schedule it is not free
     "trainer.resume", "trainer.resume_allow_changes", "trainer.save_every", "trainer.summary_file",
-    "trainer.eval_every", "trainer.eval_before", "trainer.eval_after", "trainer.eval_max_problems",
+    "trainer.eval_every", "trainer.eval_protocol", "trainer.eval_interval", "trainer.eval_before", "trainer.eval_after", "trainer.eval_max_problems",
     "trainer.eval_num_samples", "trainer.eval_k",
     "trainer.sequences_per_generate", "trainer.completions_per_micro_batch", "trainer.decode",
     "trainer.compile_decode", "trainer.gradient_checkpointing", "trainer.deterministic", "trainer.peak_tflops",

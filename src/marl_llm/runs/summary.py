@@ -18,7 +18,8 @@ from marl_llm.runs.atomic import atomic_write_text
 def held_out_line(summary: dict[str, Any]) -> str:
     """The held-out evaluations before and after training, as the console's last line shows them."""
     before, after = summary["before"] or {}, summary["after"] or {}
-    keys = ("pass@1", "success_rate", "reward")
+    # pass@1_ceiling: what the reference harness lets pass@1 reach (task.reward.variant=paper).
+    keys = ("pass@1", "pass@1_sampled", "pass@1_ceiling", "success_rate", "reward")
     if after and before:
         return "held-out before -> after training: " + "  ".join(
             f"{k} {before[k]:.3f} -> {after[k]:.3f}" for k in keys if k in before and k in after)
@@ -65,6 +66,9 @@ def write_summary(path: Path, cfg: DictConfig, s: dict[str, Any]) -> None:
         "|---|---|---|",
         f"| eval pass@1 (greedy, {cfg.algo.get('num_turns', 1)} turns, {s['eval_problems']} held-out problems) | {get('before', 'pass@1')} | {get('after', 'pass@1')} |",
         f"| eval reward (task scale) | {get('before', 'reward')} | {get('after', 'reward')} |",
+        *([f"| pass@1 ceiling (canonical solutions passing the reference harness) | {get('before', 'pass@1_ceiling')} "
+           f"| {get('after', 'pass@1_ceiling')} |"] if any("pass@1_ceiling" in (s.get(k) or {}) for k in ("before", "after"))
+          else []),
         f"| train reward (first step / last step) | {num(s.get('train_reward_first'), '.4f')} | {num(s.get('train_reward_last'), '.4f')} |",
         "",
         f"- steps: {s.get('steps')} (prompts per step: {cfg.trainer.prompts_per_step}, "

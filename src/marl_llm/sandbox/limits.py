@@ -24,7 +24,7 @@ class SandboxLimits:
     tmp_mb / tmp_inodes: size and file count of the candidate's private /tmp (also /dev/shm).
     total_timeout_s: wall-clock cap of the whole run; None means ``3 * timeout_s + 2``.
     isolation: "namespaces" (the default: see docs/sandbox.md) or "process", a weaker mode
-        for kernels without unprivileged user namespaces (isolation.PROCESS_MODE_LOSSES).
+        for kernels without unprivileged user namespaces (confinement.process_mode_losses says what it cannot promise).
     """
 
     timeout_s: float = 5.0

@@ -1,15 +1,13 @@
-"""One sandbox run, the trainer's side: give the run its memory cgroup and work dir, fork its judge
-from the zygote with the judge's config and pipes, feed it the job, collect the verdict records and
-the candidate's output under the time limits, end the judge, and leave nothing behind. What comes
-back is raw (`RawRun`); runner.py turns it into a TestOutcome."""
+"""One sandbox run, the trainer's side: give the run its cgroups and work dir, fork its judge from
+the zygote with the judge's config and pipes, feed it the job, collect the verdict records and the
+candidate's output under the time limits, end the judge, and leave nothing behind. What comes back
+is raw (`RawRun`); runner.py turns it into a TestOutcome."""
 
 from __future__ import annotations
 
 import logging
 import os
 import selectors
-import shutil
-import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -39,25 +37,37 @@ class RawRun:
     oom: bool = False
 
 
-def _judge_config(limits: SandboxLimits, cgroup: isolation.MemoryCgroup | None, workdir: str | None) -> dict:
+def _judge_config(limits: SandboxLimits, cgroup: isolation.RunCgroup | None, workdir: str | None) -> dict:
     root = os.geteuid() == 0
-    lay = isolation.layout() if limits.isolation == "namespaces" else None
+    process_mode = limits.isolation == "process"
+    lay = isolation.layout()
+    # Many tasks only where the run's cgroups cap them all, memory and CPU; else a single task.
+    single_task = cgroup is None or not cgroup.cpu_limited
+    abi = isolation.landlock_abi() if process_mode else 0
     return {
         "mode": limits.isolation,
         "ids": [NOBODY, NOBODY] if root else [os.geteuid(), os.getegid()],
-        "binds": [list(b) for b in lay.binds] if lay else [],
-        "symlinks": [list(s) for s in lay.symlinks] if lay else [],
-        "masks": list(lay.masks) if lay else [],
+        "binds": [] if process_mode else [list(b) for b in lay.binds],
+        "symlinks": [] if process_mode else [list(s) for s in lay.symlinks],
+        "masks": [] if process_mode else list(lay.masks),
         "tmp_bytes": int(limits.tmp_mb) << 20,
         "tmp_inodes": int(limits.tmp_inodes),
-        "cgroup_procs": cgroup.procs_file if cgroup else "",
+        "cgroup_procs": cgroup.procs_files if cgroup else [],
+        "cgroups": cgroup.paths if cgroup else [],
         # C, the namespace keeper, is a task of the same user namespace: +1.
-        "max_tasks": (int(limits.max_procs) if cgroup else 1) + 1,
+        "max_tasks": (1 if single_task else int(limits.max_procs)) + 1,
+        "single_task": single_task,
         "limits": {"as": int(limits.memory_mb) << 20, "cpu": int(limits.total_s()) + 1,
-                   "fsize": int(limits.max_file_mb) << 20, "nofile": 256},
+                   "fsize": int(limits.max_file_mb) << 20, "nofile": 256,
+                   # process mode: RLIMIT_NPROC counts all of the user's processes: 1 means no fork
+                   "nproc": 1 if process_mode else None},
+        "judge_limits": {"as_extra": int(limits.memory_mb) << 20, "cpu": int(limits.total_s()) + 2},
         "workdir": workdir or "",
-        "drop_to": NOBODY if root and limits.isolation == "process" else -1,
+        "drop_to": NOBODY if root and process_mode else -1,
         "preimport": list(_PREIMPORT),
+        "seccomp": isolation.seccomp_available(),
+        "landlock_abi": abi,
+        "landlock_rules": [list(r) for r in isolation.landlock_rules(lay)] if abi else [],
     }
 
 
@@ -67,16 +77,34 @@ _PREIMPORT = ("abc", "array", "bisect", "cmath", "collections", "copy", "datacla
               "random", "re", "statistics", "string", "struct", "textwrap", "typing", "unicodedata")
 
 
+def _protect_the_trainer(limits: SandboxLimits) -> None:
+    """Process mode as an ordinary user on a kernel without Landlock: the candidate shares our uid
+    and can reach /proc, so the trainer makes itself undumpable (its memory and fds, which hold
+    the verdicts, out of the candidate's reach; debuggers cannot attach to it either)."""
+    global _trainer_protected
+    if (limits.isolation == "process" and not _trainer_protected and os.geteuid() != 0
+            and isolation.landlock_abi() == 0):
+        isolation.set_dumpable(False)
+        _trainer_protected = True
+
+
+_trainer_protected = False
+
+
 def run_judge(payload: bytes, limits: SandboxLimits) -> RawRun:
     """Run one job (`payload`, the JSON the judge reads) under `limits`."""
+    _protect_the_trainer(limits)
     cgroup = None
     base = isolation.cgroup_base() if limits.isolation == "namespaces" else None
     if base is not None:
         try:
-            cgroup = isolation.MemoryCgroup(*base, (int(limits.memory_mb) + int(limits.tmp_mb)) << 20)
+            cgroup = isolation.RunCgroup(base, (int(limits.memory_mb) + int(limits.tmp_mb)) << 20)
         except OSError as e:
-            log.warning("sandbox: no memory cgroup for this run (%s); the candidate gets a single task", e)
-    workdir = tempfile.mkdtemp(prefix="marl-sandbox-") if limits.isolation == "process" else None
+            log.warning("sandbox: no cgroup for this run (%s); the candidate gets a single task", e)
+    workdir = None
+    if limits.isolation == "process":
+        sweep_stale_workdirs()
+        workdir = tempfile.mkdtemp(prefix=f"marl-sandbox-{os.getpid()}-")
     # control (job in, and closed to end the judge), results, candidate stdout/stderr, judge stderr
     pipes = [os.pipe() for _ in range(5)]
     theirs = [pipes[0][0]] + [w for _, w in pipes[1:]]
@@ -85,11 +113,11 @@ def run_judge(payload: bytes, limits: SandboxLimits) -> RawRun:
     try:
         if workdir and os.geteuid() == 0:
             os.chown(workdir, NOBODY, NOBODY)
-        zygote.spawn(_judge_config(limits, cgroup, workdir), theirs)
+        _, pidfd = zygote.spawn(_judge_config(limits, cgroup, workdir), theirs)
         for fd in theirs:
             os.close(fd)
         theirs = []
-        judge = Judge(ours[0])
+        judge = Judge(ours[0], pidfd)
         track(judge)
         raw = _drive(judge, *ours[1:], len(payload).to_bytes(4, "big") + payload, limits)
         if cgroup is not None:
@@ -97,7 +125,7 @@ def run_judge(payload: bytes, limits: SandboxLimits) -> RawRun:
         return raw
     finally:
         if judge is not None:
-            judge.kill()
+            judge.end()
             untrack(judge)
         elif ours:
             os.close(ours[0])
@@ -192,21 +220,18 @@ def _drive(judge: Judge, res_fd: int, out_fd: int, err_fd: int, jerr_fd: int, pa
 
 
 def _remove_workdir(path: str) -> None:
-    """Remove a process-mode work dir. The program may have made its dirs unreadable: they are
-    made ours again top-down first, touching nothing but real directories inside `path` (never a
-    symlink's target, never `path`'s parent)."""
-    try:
-        os.chmod(path, 0o700)
-        for dirpath, dirnames, _ in os.walk(path):
-            for d in dirnames:
-                p = os.path.join(dirpath, d)
-                if stat.S_ISDIR(os.lstat(p).st_mode):
-                    os.chmod(p, 0o700)
-    except OSError:
-        pass
-    for _ in range(3):  # a killed straggler may still be creating files for a moment
-        shutil.rmtree(path, ignore_errors=True)
-        if not os.path.exists(path):
-            return
-        time.sleep(0.05)
-    log.warning("sandbox: could not remove %s", path)
+    if not isolation._child_module("cleanup").remove_workdir(path):
+        log.warning("sandbox: could not remove %s", path)
+
+
+_swept = False
+
+
+def sweep_stale_workdirs() -> None:
+    """Once per trainer process: remove the process-mode work dirs of trainers that are gone."""
+    global _swept
+    if not _swept:
+        _swept = True
+        for path in isolation.left_by_dead_trainers(tempfile.gettempdir()):
+            if os.path.isdir(path) and not os.path.islink(path) and os.lstat(path).st_uid in (os.geteuid(), NOBODY):
+                _remove_workdir(path)

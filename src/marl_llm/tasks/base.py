@@ -39,6 +39,8 @@ class JointReward:
         logged as rewards/<level>_ungated/mean and, summed, reward_ungated.
     done: the environment ended the episode (e.g. StrBuild reached its success threshold): the
         joint action is not expanded in later turns, whatever the horizon.
+    local: each agent's own (role) reward, in agent order, where the task gives one (task=env);
+        AT-GRPO scores agent i's candidate alpha * total + local[i]. Empty: none.
     """
 
     total: float
@@ -47,6 +49,7 @@ class JointReward:
     passed: bool | None = None
     ungated: dict[str, float] = field(default_factory=dict)
     done: bool = False
+    local: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -165,6 +168,18 @@ class Task(ABC):
                               for j, h in enumerate(histories) if j != agent)
         return (f"{histories[agent][0].prompt}\n\nYour draft:\n<<<\n{own.action.strip()}\n>>>\n\n{others}\n\n"
                 "Revise your draft so that your part and theirs work together. Output only your revised part.")
+
+
+def seed_problems(name: str, split: str, num_train: int, eval_seed: int, num_eval: int) -> list[Problem]:
+    """The problems of a task whose instances are generated from seeds (the grid games, task=env):
+    training seeds 0 .. num_train - 1, evaluation seeds eval_seed .. eval_seed + num_eval - 1."""
+    if split == "train":
+        seeds = range(num_train)
+    elif split == "eval":
+        seeds = range(eval_seed, eval_seed + num_eval)
+    else:
+        raise ValueError(f"unknown split {split!r}: expected train or eval")
+    return [Problem(uid=f"{name}/{split}/{s}", data={"seed": s}) for s in seeds]
 
 
 TASKS: dict[str, Callable[[Any], Task]] = {}

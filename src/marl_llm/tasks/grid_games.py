@@ -36,7 +36,7 @@ from marl_llm.envs.plan_path import PlanPathEnv
 from marl_llm.envs.sokoban import SokobanEnv
 from marl_llm.config import SandboxConfig, UserError
 from marl_llm.sandbox import limits_from_config, require_isolation, run_programs
-from marl_llm.tasks.base import Problem, register_task
+from marl_llm.tasks.base import Problem, register_task, seed_problems
 from marl_llm.tasks.code_reward import extract_code
 from marl_llm.tasks.turn_based import Episode, Outcome, TurnTask
 
@@ -222,13 +222,7 @@ class GridGameTask(TurnTask):
 
     def load_split(self, split: str) -> list[Problem]:
         c = self.cfg
-        if split == "train":
-            seeds = range(int(c.num_train_levels))
-        elif split == "eval":
-            seeds = range(int(c.eval_seed), int(c.eval_seed) + int(c.num_eval_levels))
-        else:
-            raise ValueError(f"unknown split {split!r}: expected train or eval")
-        return [Problem(uid=f"{self.name}/{split}/{s}", data={"seed": s}) for s in seeds]
+        return seed_problems(self.name, split, int(c.num_train_levels), int(c.eval_seed), int(c.num_eval_levels))
 
     def new_episode(self, problem: Problem) -> GridEpisode:
         env = self.make_env()

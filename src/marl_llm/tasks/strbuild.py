@@ -9,8 +9,14 @@ reward is computed by replaying the whole history of the joint actions (`history
 
 Each turn's feedback (the next prompt) shows the target wall, the current build, the missing and
 extra positions, same-block neighbours and the agent's rejected commands. An episode ends at the
-horizon or when the build is near-perfect (coverage >= success_coverage and extra_ratio <=
-success_max_extra: `passed`, and the node is not expanded further).
+horizon or, with `task.end_on_success` (default), when the build is near-perfect (coverage >=
+success_coverage and extra_ratio <= success_max_extra: `passed`, and the node is not expanded
+further); the CoLLM reference ends it only at the horizon (or its trainer's early termination).
+
+Reward (`task.reward.variant`): `fixed` is the simulator's above; `paper` the CoLLM reference's
+(tasks/strbuild_reward_paper.py, docs/rewards_strbuild.md): each turn's joint action alone on an
+empty wall, extra blocks over the background, adjacency over every placed block by colour key,
+complete palettes, exact block names, list markers stripped, 150 commands per agent.
 
 Targets: `task.train_targets` / `task.eval_targets` when given, else random uppercase strings of
 `min_letters`..`max_letters` letters, the evaluation set drawn first from `eval_seed` and never
@@ -39,6 +45,7 @@ from typing import Any, List
 from marl_llm.config import UserError, check_choice, check_value
 from marl_llm.envs.strbuild import FONT, GAP, HEIGHT, StrBuildEnv
 from marl_llm.models.prompting import Message
+from marl_llm.tasks import strbuild_reward_paper
 from marl_llm.tasks.base import JointReward, Problem, Task, Turn, register_task
 
 INSTRUCTIONS = (
@@ -60,6 +67,13 @@ def paper_prompts() -> dict[str, Any]:
 
 
 @dataclass
+class StrBuildRewardConfig:
+    # fixed: this simulator's reward (blocks stay between turns); paper: the CoLLM reference's
+    # (each turn alone on an empty wall; docs/rewards_strbuild.md).
+    variant: str = "fixed"
+
+
+@dataclass
 class StrBuildTaskConfig:
     """task=strbuild (marl_llm.tasks.strbuild): spell a string in 5x5 block letters with /setblock."""
 
@@ -70,6 +84,10 @@ class StrBuildTaskConfig:
     max_turns: int = 4
     success_coverage: float = 0.95
     success_max_extra: float = 0.05
+    # Success ends the episode (its node is not expanded). false: only the horizon (and the
+    # algorithm's early termination) ends it, as in the CoLLM reference.
+    end_on_success: bool = True
+    reward: StrBuildRewardConfig = field(default_factory=StrBuildRewardConfig)
     # Explicit targets (uppercase letters and spaces); empty: random strings as below.
     train_targets: List[str] = field(default_factory=list)
     eval_targets: List[str] = field(default_factory=list)
@@ -89,6 +107,7 @@ class StrBuildTaskConfig:
     def check(cfg: Any) -> None:
         t = cfg.task
         check_choice(cfg, "task.prompts", ("paper", "own"))
+        check_choice(cfg, "task.reward.variant", ("fixed", "paper"))
         check_value(1 <= t.max_turns, "task.max_turns", "must be >= 1")
         check_value(0 < t.success_coverage <= 1, "task.success_coverage", "must be in (0, 1]")
         check_value(t.success_max_extra >= 0, "task.success_max_extra", "must be >= 0")
@@ -115,6 +134,8 @@ class StrBuildTask(Task):
         if self.letter_gap < 0:
             raise UserError(f"task.letter_gap={self.letter_gap}: need >= 0 empty columns between letters")
         self.prompt_style = str(cfg.get("prompts", "own"))
+        self.reward_variant = str(cfg.get("reward", {}).get("variant", "fixed"))
+        self.end_on_success = bool(cfg.get("end_on_success", True))
         if self.prompt_style == "paper" and len(self.palettes) > 2:
             raise UserError(f"task.prompts=paper has the reference's prompts for 1 or 2 builders, not "
                             f"{len(self.palettes)}: give at most two task.palettes or use task.prompts=own")
@@ -126,7 +147,8 @@ class StrBuildTask(Task):
     def new_env(self, target: str) -> StrBuildEnv:
         c = self.cfg
         return StrBuildEnv(target, self.palettes, max_turns=self.max_turns, letter_gap=self.letter_gap,
-                           success_coverage=float(c.success_coverage), success_max_extra=float(c.success_max_extra))
+                           success_coverage=float(c.success_coverage), success_max_extra=float(c.success_max_extra),
+                           end_on_success=self.end_on_success)
 
     # -- data --------------------------------------------------------------------------------
     def load_split(self, split: str) -> list[Problem]:
@@ -202,9 +224,7 @@ class StrBuildTask(Task):
         previous completion (left out when blank)."""
         data = paper_prompts()
         cells = sorted(env.target_cells(), key=lambda p: (-p[1], p[0], p[2]))
-        total = int(data["max_commands_total"])
-        limits = [max(1, total // self.num_agents)] * self.num_agents
-        limits[0] += total % self.num_agents
+        limits = strbuild_reward_paper.command_caps(self.num_agents, int(data["max_commands_total"]))
         positions = ("\n".join(data["position_line"].format(x=x, y=y, z=z) for x, y, z in cells)
                      if cells else data["no_positions"])
         parts = [data["system"].rstrip(), "", data["followup"].format(
@@ -216,7 +236,10 @@ class StrBuildTask(Task):
         return Message("\n".join(parts).strip(), raw=True)
 
     def replay(self, problem: Problem, history: list[list[Turn]]) -> JointReward:
-        """Build the target from scratch with every turn's joint action; the last turn's score."""
+        """Build the target from scratch with every turn's joint action; the last turn's score
+        (task.reward.variant=paper: the last turn's joint action alone, as the reference)."""
+        if self.reward_variant == "paper":
+            return self._paper_reward(problem, [turns[-1].action for turns in history])
         env = self.new_env(problem.data["target"])
         result = None
         for t in range(len(history[0])):
@@ -232,7 +255,23 @@ class StrBuildTask(Task):
                   "adjacency_ratio": result.adjacency_ratio, "absent_agents": float(result.absent_agents),
                   "iou": iou}
         return JointReward(result.reward, levels, info={"feedback": [env.feedback(i) for i in range(self.num_agents)]},
-                           passed=result.success, done=result.success)
+                           passed=result.success, done=result.success and self.end_on_success)
+
+    def _paper_reward(self, problem: Problem, actions: list[str]) -> JointReward:
+        """The reference's score of one joint action on an empty wall. Success (the project's
+        criterion on the reference's coverage and extra ratio) ends the episode only with
+        task.end_on_success; the feedback of `own` prompts shows that joint action alone."""
+        env = self.new_env(problem.data["target"])
+        s = strbuild_reward_paper.score(actions, self.palettes, env.target_cells(), env.width,
+                                        int(paper_prompts()["max_commands_total"]))
+        for i, action in enumerate(actions):
+            env.step(i, action)
+        env.end_turn()
+        passed = s.coverage >= float(self.cfg.success_coverage) and s.extra_ratio <= float(self.cfg.success_max_extra)
+        levels = {"coverage": s.coverage, "extra_ratio": s.extra_ratio, "adjacency_ratio": s.adjacency_ratio,
+                  "incomplete_palettes": float(s.incomplete_palettes), "iou": s.iou}
+        return JointReward(s.reward, levels, info={"feedback": [env.feedback(i) for i in range(self.num_agents)]},
+                           passed=passed, done=passed and self.end_on_success)
 
     def history_rewards(self, problems: list[Problem], histories: list[list[list[Turn]]]) -> list[JointReward]:
         return [self.replay(p, h) for p, h in zip(problems, histories)]

@@ -55,18 +55,20 @@ class TeamTaskConfig:
                     f"{agents} must name at least one agent, each once")
 
 
-def resolve_function(spec: str, key: str) -> Callable[..., Any]:
-    """The function a `module:function` (or `@<key>`) setting names; UserError naming the fix."""
+def resolve_function(spec: str, key: str, kind: str = "function") -> Callable[..., Any]:
+    """The function (or class: `kind`) a `module:function` (or `@<key>`) setting names; UserError
+    naming the fix."""
     spec = str(spec)
     if spec.startswith("@"):
         if spec[1:] not in IN_PROCESS:
-            raise UserError(f"{key}={spec} is a function marl_llm.train_team was given in another process: resume or "
-                            f"evaluate this run from Python with the same functions, or name an importable one "
-                            f"({key}=module:function)")
+            raise UserError(f"{key}={spec} is a {kind} marl_llm.train_team was given in another process: resume or "
+                            f"evaluate this run from Python with the same {kind}, or name an importable one "
+                            f"({key}=module:{kind})")
         return IN_PROCESS[spec[1:]]
     module_name, sep, qualname = spec.partition(":")
     if not sep or not module_name or not qualname:
-        raise UserError(f"{key}={spec!r}: name a function as module:function (e.g. {key}=my_team:reward)")
+        raise UserError(f"{key}={spec!r}: name a {kind} as module:{kind} (e.g. {key}=my_team:"
+                        f"{'reward' if kind == 'function' else 'Game'})")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as err:
@@ -77,7 +79,7 @@ def resolve_function(spec: str, key: str) -> Callable[..., Any]:
             raise UserError(f"{key}={spec}: {module_name} has no {qualname!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise UserError(f"{key}={spec}: {qualname} is not a function")
+        raise UserError(f"{key}={spec}: {qualname} is not a {kind}")
     return obj
 
 

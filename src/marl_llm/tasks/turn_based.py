@@ -187,6 +187,9 @@ class CandidateGroup:
     completions: list[Completion]
     scores: list[float]
     chosen: int
+    # Each candidate's score as the components that add up to it, e.g. {"team": alpha * team,
+    # "local": local} (algo.reward_levels=normalize_then_sum normalizes each on its own).
+    levels: list[dict[str, float]] = field(default_factory=list)
 
 
 def run_episodes(task: TurnTask, generate: Callable[[list[GenRequest]], list[Completion]], problems: list[Problem],
@@ -225,7 +228,8 @@ def run_episodes(task: TurnTask, generate: Callable[[list[GenRequest]], list[Com
             for b, comps, outcomes in zip(active, candidates, scored):
                 values = [o.score(alpha) for o in outcomes]
                 c = values.index(max(values)) if select == "best" else rng.randrange(k)
-                groups.append(CandidateGroup((env_key(b, episodes[b].uid), i, t), comps, values, c))
+                groups.append(CandidateGroup((env_key(b, episodes[b].uid), i, t), comps, values, c,
+                                             [{"team": alpha * o.team, "local": o.local} for o in outcomes]))
                 episodes[b].commit(i, outcomes[c])
                 chosen[b].append(comps[c])
                 scores[b] += values[c]

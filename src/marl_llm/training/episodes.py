@@ -53,6 +53,20 @@ class JointTree:
         return (n for turn in self.turns for n in turn)
 
 
+def trajectories(tree: JointTree) -> list[list[JointNode]]:
+    """The tree's chains of joint actions, root to end (a width-1 tree: one per environment)."""
+    chains = []
+    for t, turn in enumerate(tree.turns):
+        for node in turn:
+            if node.terminated:
+                chain, parent = [node], node.parent
+                for earlier in range(t - 1, -1, -1):
+                    chain.append(tree.turns[earlier][parent])
+                    parent = chain[-1].parent
+                chains.append(chain[::-1])
+    return chains
+
+
 NextPrompts = Callable[[Problem, list[list[Turn]], JointReward], list[str]]
 # Early termination: given a sibling group (the joint actions sampled under one parent), which of
 # them are not expanded in later turns.

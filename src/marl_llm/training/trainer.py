@@ -45,7 +45,7 @@ from marl_llm.tasks import Problem
 from marl_llm.training.console import Watch, console_logging, format_metrics, step_line
 from marl_llm.training.data_order import batch_for_step, ends_epoch
 from marl_llm.training.episodes import JointTree
-from marl_llm.training.evaluation import evaluate
+from marl_llm.training.evaluation import evaluate, paper_eval_due
 from marl_llm.training.perf import peak_rss_gib
 from marl_llm.training.setup import Setup, build, join_world, seed_everything, quiet_libraries
 from marl_llm.training.threads import torch_threads
@@ -76,7 +76,7 @@ def train_step(run: Setup, cfg: DictConfig, step: int,
     t0 = run.meter.start_step()  # synchronized clock (CUDA); resets the peak-memory statistic
     by_actions = placement.current().by_actions  # every rank holds every problem (trainer.work_split)
     if problems is None:
-        problems = batch_for_step(run.train_set, step, cfg.trainer.prompts_per_step, cfg.seed)
+        problems = batch_for_step(run.train_set, step, cfg.trainer.prompts_per_step, cfg.seed, cfg.trainer.data_order)
         problems = problems if by_actions else distributed.shard(problems)
     PROGRESS.debug("phase", extra={"phase": "rollout"})  # the console's progress (Watch)
     with fsdp.unsharded(policies, cfg.trainer.fsdp_unshard_rollout):  # every rank collects once per step
@@ -225,7 +225,8 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
                 watch.end()
                 logger.log("eval", metrics, step)
                 logger.log_samples("eval", rows[: cfg.logger.sample_rows], step)
-                say(f"eval @ step {step}: " + format_metrics(metrics, ("reward", "pass@1", "success_rate")))
+                say(f"eval @ step {step}: " + format_metrics(metrics, ("reward", "pass@1", "pass@1_sampled",
+                                                                       "pass@1_ceiling", "success_rate")))
         distributed.barrier()
         return metrics
 
@@ -250,15 +251,24 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
             del whole
         distributed.barrier()
 
+    # trainer.eval_protocol=paper: the reference's schedule (before every eval_interval-th batch of
+    # each epoch) replaces eval_every; own: every eval_every steps.
+    paper_eval = tc.eval_protocol == "paper"
+
+    def eval_due(step: int) -> bool:
+        return paper_eval and paper_eval_due(step, tc.prompts_per_step, len(train_set), tc.eval_interval)
+
     exit_code = 1
     watch.start(max_steps, start_step)
     try:
-        evaluated_before = tc.eval_before and start_step == 0
+        evaluated_before = start_step == 0 and (tc.eval_before or eval_due(0))
         if evaluated_before:
             summary["before"] = run_eval(0)
         step_times: list[float] = []
         last_train: dict[str, float] = {}
         for step in range(start_step, max_steps):
+            if step > 0 and eval_due(step):  # step 0: the evaluation before training
+                run_eval(step)
             watch.begin(f"step {step + 1}/{max_steps}")
             tree, metrics = train_step(run, cfg, step)
             watch.step_done(metrics["step_time"])
@@ -269,7 +279,7 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
             last_train = metrics
             say(step_line(step + 1, max_steps, metrics, task.agent_names, watch.tokens_per_s(), watch.eta_s()))
 
-            if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < max_steps:
+            if not paper_eval and tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < max_steps:
                 run_eval(step + 1)
             if tc.save_every and (step + 1) % tc.save_every == 0:
                 checkpoint(step + 1)

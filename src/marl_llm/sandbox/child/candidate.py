@@ -23,13 +23,17 @@ import codec
 
 
 def read_message(fd, limit):
-    """One message from `fd`, or None at end of file (or on a malformed frame)."""
+    """One message from `fd`, or None at end of file. A message over `limit` bytes or not
+    readable raises codec.Unreadable (saying why); after one over the limit (`.fatal`) the stream
+    is out of step."""
     head = _read_exact(fd, 4)
     if head is None:
         return None
     n = int.from_bytes(head, "big")
     if n > limit:
-        return None
+        e = codec.Unreadable("an answer of %d bytes (the sandbox reads up to %d)" % (n, limit))
+        e.fatal = True
+        raise e
     body = _read_exact(fd, n)
     return None if body is None else codec.loads(body)
 

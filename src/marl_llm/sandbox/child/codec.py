@@ -1,9 +1,15 @@
 """The safe encoding of values crossing between the judge and the candidate (stdlib only).
 
-The candidate's side may send any bytes; the judge's `decode` only ever builds plain values of
-known types from them (it calls no constructor the sender names), with caps on size and depth.
-Ints of any size travel as hex (no 4300-digit limit); floats as JSON numbers (NaN and infinities
-included). Stdlib subclasses that tests compare by value keep their type where it changes
+The candidate's side may send any bytes; the judge's `loads` and `decode` only ever build plain
+values of known types from them (they call no constructor the sender names), within bounds that
+keep the judge's time and memory small whatever the bytes are (an answer past them is
+`Unreadable`, and says which bound it broke):
+  MAX_REPLY_BYTES per answer, MAX_CONTAINERS lists/dicts/... in it, MAX_DEPTH nesting levels;
+  ints of at most MAX_INT_HEX_DIGITS hex digits (a Fraction's parts too: gcd of huge ints is slow);
+  at most MAX_SAME_HASH keys of one set or dict with the same hash (ints that all hash alike turn
+  building a set quadratic, in C code that no timer interrupts); MAX_NAMEDTUPLE_TYPES classes.
+Ints past 2**62 travel as hex (no 4300-digit limit of int <-> str); floats as JSON numbers (NaN
+and infinities included). Stdlib subclasses that tests compare by value keep their type where it changes
 equality (OrderedDict, Counter, deque, namedtuple as a tuple with its fields); other subclasses of
 builtin types travel as their base type. Anything else is an opaque marker that equals nothing.
 
@@ -20,8 +26,18 @@ import decimal
 import fractions
 from json import dumps as _json_dumps, loads as _json_loads
 
-MAX_MESSAGE_BYTES = 8 << 20
+MAX_MESSAGE_BYTES = 8 << 20  # a request (from the judge, trusted)
+MAX_REPLY_BYTES = 4 << 20
+MAX_CONTAINERS = 1 << 18
+MAX_DEPTH = 100
+MAX_INT_HEX_DIGITS = 1 << 14  # 65536 bits, about 19,700 decimal digits
+MAX_SAME_HASH = 16
+MAX_NAMEDTUPLE_TYPES = 64
 _SMALL_INT = 1 << 62
+
+
+class Unreadable(ValueError):
+    """An answer the judge does not read; the message says why (which bound it broke)."""
 
 
 class Opaque:
@@ -43,7 +59,7 @@ class EncodeError(TypeError):
 
 def encode(value, _depth=0):
     """A JSON-able structure for `value` (raises EncodeError for what cannot be sent)."""
-    if _depth > 200:
+    if _depth > MAX_DEPTH:
         raise EncodeError("value nested too deeply")
     t = type(value)
     if value is None or t is bool or t is str or t is float:
@@ -97,6 +113,18 @@ def encode_result(value):
     return {"x": [str(name), str(text)]}
 
 
+def _few_collisions(keys):
+    """`keys`, after checking that no more than MAX_SAME_HASH of them share a hash."""
+    counts = {}
+    for k in keys:
+        h = hash(k)  # (TypeError for an unhashable key, as the set or dict would raise)
+        counts[h] = counts.get(h, 0) + 1
+        if counts[h] > MAX_SAME_HASH:
+            raise Unreadable("a set or dict with more than %d keys of the same hash (building it would take "
+                             "time quadratic in its size)" % MAX_SAME_HASH)
+    return keys
+
+
 def _pairs(items, depth):
     if type(items) is not list:
         raise ValueError("malformed pairs")
@@ -105,6 +133,7 @@ def _pairs(items, depth):
         if type(kv) is not list or len(kv) != 2:
             raise ValueError("malformed pair")
         out.append((decode(kv[0], depth), decode(kv[1], depth)))
+    _few_collisions([k for k, _ in out])
     return out
 
 
@@ -114,10 +143,32 @@ def _items(items, depth):
     return [decode(v, depth) for v in items]
 
 
+_namedtuples = {}
+
+
+def _namedtuple(name, fields):
+    key = (name, tuple(fields))
+    if key not in _namedtuples:
+        if len(_namedtuples) >= MAX_NAMEDTUPLE_TYPES:
+            raise Unreadable("more than %d namedtuple types" % MAX_NAMEDTUPLE_TYPES)
+        _namedtuples[key] = collections.namedtuple(name, fields, rename=True)
+    return _namedtuples[key]
+
+
+def _int(body):
+    if type(body) is not str:
+        raise ValueError("malformed int")
+    if len(body) > MAX_INT_HEX_DIGITS:
+        raise Unreadable("an int of %d hex digits (about %d decimal digits; the sandbox reads up to %d hex digits)"
+                         % (len(body), len(body) * 1.2041, MAX_INT_HEX_DIGITS))
+    return int(body, 16)
+
+
 def decode(obj, _depth=0):
-    """The value `obj` (from json.loads) encodes. Raises ValueError/TypeError on anything else."""
-    if _depth > 200:
-        raise ValueError("value nested too deeply")
+    """The value `obj` (from json.loads) encodes. Raises ValueError (`Unreadable` for a broken
+    bound), TypeError or ArithmeticError on anything else."""
+    if _depth > MAX_DEPTH:
+        raise Unreadable("a value nested deeper than %d levels" % MAX_DEPTH)
     t = type(obj)
     if obj is None or t is bool or t is str or t is int or t is float:
         return obj
@@ -132,11 +183,11 @@ def decode(obj, _depth=0):
     if tag == "d":
         return dict(_pairs(body, d))
     if tag == "s":
-        return set(_items(body, d))
+        return set(_few_collisions(_items(body, d)))
     if tag == "f":
-        return frozenset(_items(body, d))
-    if tag == "I" and type(body) is str and len(body) < (1 << 22):
-        return int(body, 16)
+        return frozenset(_few_collisions(_items(body, d)))
+    if tag == "I":
+        return _int(body)
     if tag == "b" and type(body) is str:
         return bytes.fromhex(body)
     if tag == "c" and type(body) is list and len(body) == 2 and all(type(x) in (int, float) for x in body):
@@ -155,8 +206,7 @@ def decode(obj, _depth=0):
         if (type(name) is not str or type(fields) is not list or len(fields) > 255
                 or not all(type(f) is str for f in fields)):
             raise ValueError("malformed namedtuple")
-        cls = collections.namedtuple(name, fields, rename=True)
-        return cls(*_items(values, d))
+        return _namedtuple(name, fields)(*_items(values, d))
     if tag == "fr" and type(body) is list and len(body) == 2:
         n, den = decode(body[0], d), decode(body[1], d)
         if type(n) is not int or type(den) is not int:
@@ -176,4 +226,14 @@ def dumps(message):
 
 
 def loads(data):
-    return _json_loads(data.decode("utf-8", "surrogatepass"))
+    """The JSON in `data`, within MAX_CONTAINERS containers (counted before parsing: brackets in
+    strings count too) and the parser's depth; `Unreadable` (saying why) otherwise."""
+    containers = data.count(b"[") + data.count(b"{")
+    if containers > MAX_CONTAINERS:
+        raise Unreadable("more than %d lists, dicts and other containers" % MAX_CONTAINERS)
+    try:
+        return _json_loads(data.decode("utf-8", "surrogatepass"))
+    except RecursionError:
+        raise Unreadable("a value nested deeper than %d levels" % MAX_DEPTH)
+    except ValueError as e:  # UnicodeDecodeError too
+        raise Unreadable("not valid JSON (%s)" % (str(e)[:160],))

@@ -14,6 +14,9 @@ The sequence (see the package docstring for who does what):
    is detached entirely (pivot_root + lazy unmount).
 3. `drop_privileges`: empty bounding set, no ambient capabilities, uid 0 keeps no special
    meaning on exec (securebits), no_new_privs, and all capabilities cleared.
+
+In both modes (keeper.py): `set_limits`, a fresh empty session keyring (`join_new_session_keyring`),
+then Landlock (process mode) and the seccomp filter (landlock.py, seccomp.py).
 """
 
 import ctypes
@@ -32,11 +35,13 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 MNT_DETACH = 2
-PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 24, 28, 38
+PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 4, 24, 28, 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 # SECBIT_NOROOT | _LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE | _LOCKED
 SECUREBITS = 0x01 | 0x02 | 0x40 | 0x80
-_SYSCALLS = {"x86_64": {"pivot_root": 155, "capset": 126}, "aarch64": {"pivot_root": 41, "capset": 91}}
+_SYSCALLS = {"x86_64": {"pivot_root": 155, "capset": 126, "keyctl": 250},
+             "aarch64": {"pivot_root": 41, "capset": 91, "keyctl": 219}}
+KEYCTL_JOIN_SESSION_KEYRING = 1
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -186,8 +191,18 @@ def drop_privileges():
     _syscall("capset", ctypes.byref(header), ctypes.byref(data))
 
 
+def join_new_session_keyring():
+    """A fresh, empty, anonymous session keyring: the keys of the trainer's session (and of the
+    runs before) are out of this process's reach, and what it adds dies with it."""
+    numbers = _SYSCALLS.get(os.uname().machine, {})
+    if "keyctl" not in numbers or _libc.syscall(numbers["keyctl"], KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, "keyctl(KEYCTL_JOIN_SESSION_KEYRING): %s" % os.strerror(err))
+
+
 def set_limits(limits):
-    """RLIMIT_* of the candidate: {"as": bytes, "cpu": s, "fsize": bytes, "nofile": n}."""
+    """RLIMIT_* of the candidate: {"as": bytes, "cpu": s, "fsize": bytes, "nofile": n, "nproc": n or
+    None}."""
 
     def cap(res, value):
         soft, hard = resource.getrlimit(res)
@@ -199,6 +214,8 @@ def set_limits(limits):
     cap(resource.RLIMIT_FSIZE, limits["fsize"])
     cap(resource.RLIMIT_AS, limits["as"])
     cap(resource.RLIMIT_NOFILE, limits["nofile"])
+    if limits.get("nproc") is not None:
+        cap(resource.RLIMIT_NPROC, limits["nproc"])
     soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
     cpu = limits["cpu"]
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1 if hard == resource.RLIM_INFINITY else min(cpu + 1, hard)))

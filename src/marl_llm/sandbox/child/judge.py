@@ -1,14 +1,10 @@
 """The judge: the trusted side of a sandbox run (stdlib only).
 
-One file on purpose, at about 600 lines: everything the trusted side does in a run (the order of
-its forks, the confinement call, the test protocol and the verdict) is read and reviewed together,
-as a security boundary should be.
-
-Forked, per run, from a zygote (`serve_forever`: a `python -I -S` the trainer starts once). It forks the candidate's processes *before* it
-reads the job (so they never hold the tests), confines them (confine.py), then runs the test code
-itself, in its own namespace, with a stand-in for each program name that forwards the call to
-the candidate and decodes the answer (codec.py). Only the judge compares, and only the judge
-writes the verdict, on a pipe the candidate's processes never hold.
+Forked, per run, from the zygote (main.py). It forks the candidate's processes *before* it reads
+the job (keeper.py: so they never hold the tests), then runs the test code itself, in its own
+namespace, with a stand-in for each program name that forwards the call to the candidate
+(channel.py) and decodes the answer (codec.py). Only the judge compares, and only the judge writes
+the verdict, on a pipe the candidate's processes never hold.
 
 Processes: trainer -> judge J -> C (namespace keeper: holds the candidate's PID reserved, kills
 it when J dies) -> candidate (PID 1 of its namespace; its end ends everything in it).
@@ -29,26 +25,18 @@ Records to the trainer, one per line, fields separated by spaces (text fields he
 import builtins
 import json
 import os
-import select
+import resource
 import signal
-import socket
 import threading
 import time
 
 import candidate
 import codec
 import confine
+from channel import Channel, Gone, Timeout, read_line, rebuild_exception
+from keeper import run_keeper
 
-PR_SET_PDEATHSIG = 1
 _GRACE_S = 0.5  # the judge waits this long past a step's limit for the candidate's own timeout
-
-
-class _Timeout(BaseException):
-    pass
-
-
-class _Gone(Exception):
-    """The candidate's processes no longer answer."""
 
 
 class _EqFailure(AssertionError):
@@ -65,225 +53,6 @@ def _hex(s, cap=600):
     except BaseException:
         b = b"<unprintable>"
     return b[:cap].hex().encode("ascii") or b"-"
-
-
-def _read_line(fd):
-    out = b""
-    while not out.endswith(b"\n"):
-        b = os.read(fd, 1)
-        if not b:
-            return None
-        out += b
-    return out.strip()
-
-
-# ------------------------------------------------------------------------------------------------
-# The candidate's processes (children of the judge). Nothing here reads the job.
-# ------------------------------------------------------------------------------------------------
-
-
-def _clean_env():
-    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp"}
-
-
-def _become_candidate(cfg, req_r, rep_w, keep):
-    """(In the candidate's process, ids already confined.) Limits, then serve the judge."""
-    if cfg["mode"] == "process" and cfg["drop_to"] >= 0:
-        for name in cfg["preimport"]:  # the stdlib may be unreadable to nobody (a Python under /root)
-            try:
-                __import__(name)
-            except BaseException:
-                pass
-        os.setgroups([])
-        os.setgid(cfg["drop_to"])
-        os.setuid(cfg["drop_to"])
-        if os.getuid() != cfg["drop_to"] or os.geteuid() != cfg["drop_to"]:
-            os._exit(70)
-    confine.set_limits(cfg["limits"])
-    os.environ.clear()
-    os.environ.update(_clean_env())
-    if cfg["mode"] == "process":
-        os.environ["HOME"] = os.environ["TMPDIR"] = cfg["workdir"]
-    for fd in range(3, 1024):
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-    candidate.serve(req_r, rep_w)
-
-
-def _child(cfg, judge_pid, req_r, rep_w, c2j_w, j2c_r, to_close):
-    """C: confine, start the candidate, hold its PID until the judge is done."""
-    try:
-        for fd in to_close:
-            os.close(fd)
-        os.dup2(cfg["fds"]["out"], 1)
-        os.dup2(cfg["fds"]["err"], 2)
-        os.close(cfg["fds"]["out"])
-        os.close(cfg["fds"]["err"])
-        if cfg["mode"] == "process":
-            os.setsid()  # its own process group, which the judge ends as a whole
-            os.chdir(cfg["workdir"])
-            os.write(c2j_w, b"%d\n" % os.getpid())
-            os.close(c2j_w)
-            os.close(j2c_r)
-            _become_candidate(cfg, req_r, rep_w, (req_r, rep_w))
-        confine.prctl(PR_SET_PDEATHSIG, signal.SIGUSR1)
-        bind_fds = confine.enter_namespaces(c2j_w, j2c_r, cfg["max_tasks"], [p for p, _ in cfg["binds"]])
-        cp = os.fork()
-        if cp == 0:
-            os.close(c2j_w)
-            os.close(j2c_r)
-            # A new session: kill(0, sig) reaches the caller's process group even across PID
-            # namespaces, and ours would otherwise be the zygote's (every run, the judges).
-            os.setsid()
-            confine.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-            confine.build_root(cfg, bind_fds)
-            confine.drop_privileges()
-            _become_candidate(cfg, req_r, rep_w, (req_r, rep_w))
-        for fd in bind_fds + [req_r, rep_w]:
-            os.close(fd)
-
-        def kill(signum=None, frame=None):
-            try:
-                os.kill(cp, signal.SIGKILL)  # PID 1 of the namespace: everything in it ends
-            except OSError:
-                pass
-
-        signal.signal(signal.SIGUSR1, kill)
-        signal.signal(signal.SIGTERM, kill)
-        if os.getppid() != judge_pid:
-            kill()
-        os.write(c2j_w, b"%d\n" % cp)
-        info = os.waitid(os.P_PID, cp, os.WEXITED | os.WNOWAIT)  # reaped only when we exit
-        code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-        os.write(c2j_w, b"x %d\n" % code)
-        os.read(j2c_r, 1)  # the judge is done with the PID (or gone)
-        os._exit(0)
-    except BaseException as e:
-        try:
-            os.write(2, ("sandbox: the isolation setup failed: %s\n" % (e,)).encode())
-        finally:
-            os._exit(71)
-
-
-# ------------------------------------------------------------------------------------------------
-# The judge proper.
-# ------------------------------------------------------------------------------------------------
-
-
-class _Channel:
-    """Requests to the candidate; each answer is matched by id (a late answer to a call that
-    timed out is dropped)."""
-
-    def __init__(self, req_w, rep_r, c2j_r):
-        self.req_w, self.rep_r, self.c2j_r = req_w, rep_r, c2j_r
-        self.next_id = 0
-        self.gone = None  # why the candidate no longer answers
-        self.exit_code = None
-
-    def _mark_gone(self, why):
-        if self.gone is None:
-            self.gone = why
-
-    def _ended(self):
-        code = self.wait_exit()
-        if code is not None and code < 0:
-            try:
-                return "the candidate's process was killed by %s" % signal.Signals(-code).name
-            except ValueError:
-                pass
-        if code is not None:
-            return "the candidate's process exited (code %d)" % code
-        return "the candidate's process ended"
-
-    def send(self, msg):
-        if self.gone:
-            raise _Gone(self.gone)
-        try:
-            candidate.write_message(self.req_w, msg)
-        except _Timeout:
-            self._mark_gone("the candidate stopped reading")
-            raise
-        except OSError:
-            self._mark_gone(self._ended())
-            raise _Gone(self.gone)
-
-    def receive(self, want_id=None):
-        while True:
-            try:
-                reply = candidate.read_message(self.rep_r, codec.MAX_MESSAGE_BYTES)
-            except _Timeout:
-                self._mark_gone("the candidate stopped answering")
-                raise
-            except (OSError, ValueError):
-                reply = None
-            if reply is None:
-                self._mark_gone(self._ended())
-                raise _Gone(self.gone)
-            if type(reply) is not dict:
-                continue
-            if want_id is None or reply.get("id") == want_id:
-                return reply
-
-    def request(self, msg, timeout):
-        self.next_id += 1
-        msg["id"] = self.next_id
-        msg["timeout"] = timeout
-        self.send(msg)
-        return self.receive(self.next_id)
-
-    def wait_exit(self):
-        """The candidate's exit code as C reported it (None if unknown)."""
-        if self.exit_code is None:
-            r, _, _ = select.select([self.c2j_r], [], [], 0.2)
-            if r:
-                line = _read_line(self.c2j_r)
-                if line and line.startswith(b"x "):
-                    self.exit_code = int(line[2:])
-        return self.exit_code
-
-
-def _rebuild_exception(e):
-    try:
-        name, msg = str(e[0]), str(e[1])
-    except BaseException:
-        return Exception("the candidate raised an exception")
-    cls = getattr(builtins, name, None) if name.isidentifier() else None
-    if isinstance(cls, type) and issubclass(cls, Exception):
-        try:
-            return cls(msg)
-        except BaseException:
-            pass
-    return Exception(name + ": " + msg if msg else name)
-
-
-def serve_forever(sock_fd):
-    """The judges' zygote: one per trainer process, everything imported once; each request (a
-    config and its pipes, passed over the socket) is served by a forked judge. It holds nothing
-    of any job (judges read theirs after forking), so a fork carries no test to the candidate."""
-    confine.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # it ends with the trainer
-    sock = socket.socket(fileno=sock_fd)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # judges are reaped by the kernel
-    while True:
-        try:
-            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 8)
-        except OSError:
-            os._exit(0)
-        if not msg:
-            os._exit(0)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                sock.close()
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                judge_main(json.loads(msg), fds)
-            finally:
-                os._exit(70)
-        for fd in fds:
-            os.close(fd)
-        sock.sendall(b"%d\n" % pid)
 
 
 def _watch_control(fd, cand_pid, process_mode):
@@ -310,6 +79,20 @@ def _end_process_group(pid):
             pass
 
 
+def _set_own_limits(limits):
+    """The judge's own limits (after the candidate's processes are forked, which set theirs): its
+    memory at most the run's `memory_mb` past what it holds now, its CPU time the run's wall-clock
+    cap. A crafted answer that slipped past the codec's bounds cannot make it outgrow the run."""
+    with open("/proc/self/statm") as f:
+        held = os.sysconf("SC_PAGE_SIZE") * int(f.read().split()[0])
+    for res, value in ((resource.RLIMIT_AS, held + limits["as_extra"]), (resource.RLIMIT_CPU, limits["cpu"]),
+                       (resource.RLIMIT_CORE, 0)):
+        _, hard = resource.getrlimit(res)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        resource.setrlimit(res, (value, hard))
+
+
 def judge_main(cfg, fds):
     """One run. fds: [control/job, results, candidate stdout, candidate stderr, judge stderr]."""
     control, result_fd, out_fd, err_fd, jerr_fd = fds
@@ -327,9 +110,10 @@ def judge_main(cfg, fds):
     j2c_r, j2c_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        _child(cfg, judge_pid, req_r, rep_w, c2j_w, j2c_r, (req_w, rep_r, c2j_r, j2c_w, result_fd, control))
+        run_keeper(cfg, judge_pid, req_r, rep_w, c2j_w, j2c_r, (req_w, rep_r, c2j_r, j2c_w, result_fd, control))
     for fd in (req_r, rep_w, c2j_w, j2c_r, out_fd, err_fd):
         os.close(fd)
+    _set_own_limits(cfg["judge_limits"])
 
     def emit(*fields):
         line = b" ".join(fields) + b"\n"
@@ -345,11 +129,11 @@ def judge_main(cfg, fds):
             emit(b"D")
             os._exit(0)
         confine.write_id_maps(pid, cfg["ids"][0], cfg["ids"][1])
-        if cfg["cgroup_procs"]:
-            with open(cfg["cgroup_procs"], "w") as f:
+        for procs in cfg["cgroup_procs"]:
+            with open(procs, "w") as f:
                 f.write(str(pid))
         os.write(j2c_w, b"k")
-    line = _read_line(c2j_r)
+    line = read_line(c2j_r)
     if line is None:
         emit(b"E", b"71")
         emit(b"D")
@@ -363,7 +147,7 @@ def judge_main(cfg, fds):
         os._exit(1)
     process_mode = cfg["mode"] == "process"
     threading.Thread(target=_watch_control, args=(control, cand_pid, process_mode), daemon=True).start()
-    channel = _Channel(req_w, rep_r, c2j_r)
+    channel = Channel(req_w, rep_r, c2j_r)
     try:
         _judge(json.loads(job), channel, emit, num)
     finally:
@@ -378,6 +162,8 @@ def judge_main(cfg, fds):
         if code is not None:
             emit(b"E", num(code))
         emit(b"D")
+        os.close(result_fd)  # the trainer is done with us: it need not wait for C
+        os.close(2)
         try:
             os.write(j2c_w, b"x")
         except OSError:
@@ -397,7 +183,7 @@ def _judge(job, channel, emit, num):
 
     def on_alarm(signum, frame):
         timed_out[0] = True
-        raise _Timeout()
+        raise Timeout()
 
     signal.signal(signal.SIGALRM, on_alarm)
 
@@ -406,10 +192,10 @@ def _judge(job, channel, emit, num):
 
     def describe(e):
         try:
-            if timed_out[0] or isinstance(e, _Timeout):
+            if timed_out[0] or isinstance(e, Timeout):
                 return "timed out after %gs" % timeout_s
             t = type(e)
-            if t is _EqFailure or t is _Reported or t is _Gone:
+            if t is _EqFailure or t is _Reported or t is Gone:
                 return str(e.args[0])
             msg = str(e)
             return t.__name__ + ": " + msg if msg else t.__name__
@@ -435,7 +221,7 @@ def _judge(job, channel, emit, num):
                 signal.setitimer(signal.ITIMER_REAL, 0)
         except BaseException as e:  # noqa: B036  (the tests' own exceptions are verdicts)
             signal.setitimer(signal.ITIMER_REAL, 0)
-            if timed_out[0] or isinstance(e, _Timeout):
+            if timed_out[0] or isinstance(e, Timeout):
                 return b"T", describe(e)
             if isinstance(e, MemoryError):
                 return b"M", "MemoryError"
@@ -460,18 +246,22 @@ def _judge(job, channel, emit, num):
             return _answer(reply)
 
     def _answer(reply):
+        if "unreadable" in reply:
+            raise TypeError("the candidate's answer cannot be read: %s" % reply["unreadable"])
         if "r" in reply:
             try:
                 return codec.decode(reply["r"])
-            except (ValueError, TypeError, RecursionError, OverflowError):
-                raise TypeError("the candidate returned a value that cannot be decoded")
+            except codec.Unreadable as e:
+                raise TypeError("the candidate's answer cannot be read: %s" % e)
+            except (ValueError, TypeError, RecursionError, ArithmeticError) as e:
+                raise TypeError("the candidate's answer cannot be read: a malformed value (%s)" % describe(e))
         if "t" in reply:
             timed_out[0] = True
-            raise _Timeout()
+            raise Timeout()
         if "m" in reply:
             raise MemoryError()
         return_error = reply.get("e")
-        raise _rebuild_exception(return_error if type(return_error) is list and len(return_error) == 2 else ["", ""])
+        raise rebuild_exception(return_error if type(return_error) is list and len(return_error) == 2 else ["", ""])
 
     # ---- compile the (trusted) test code ---------------------------------------------------
     test_codes = []
@@ -501,7 +291,7 @@ def _judge(job, channel, emit, num):
             signal.setitimer(signal.ITIMER_REAL, 0)
     except BaseException as e:  # noqa: B036
         signal.setitimer(signal.ITIMER_REAL, 0)
-        flag = b"T" if timed_out[0] or isinstance(e, _Timeout) else b"F"
+        flag = b"T" if timed_out[0] or isinstance(e, Timeout) else b"F"
         emit(b"L", flag, _hex(describe(e)))
         return
     if "syntax" in reply:
@@ -514,7 +304,10 @@ def _judge(job, channel, emit, num):
     flag = str(reply.get("load", "F")).encode()[:1]
     if flag not in (b"P", b"F", b"T", b"M"):
         flag = b"F"
-    emit(b"L", flag, _hex(reply.get("error", "")))
+    error = reply.get("error", "")
+    if "unreadable" in reply:
+        error = "the candidate's answer cannot be read: " + reply["unreadable"]
+    emit(b"L", flag, _hex(error))
     if flag != b"P":
         return
     names = reply.get("names") if type(reply.get("names")) is dict else {}
@@ -558,6 +351,10 @@ def _judge(job, channel, emit, num):
         def short(v):
             try:
                 s = repr(v)
+            except ValueError:  # an int past the 4300 digits that int -> str allows
+                if type(v) is int:
+                    return "an int of about %d digits" % (v.bit_length() * 0.30103 + 1)
+                return "a %s that holds an int of over 4300 digits" % type(v).__name__
             except BaseException:
                 s = "<unrepresentable>"
             return s if len(s) <= 120 else s[:117] + "..."
