@@ -241,6 +241,8 @@ class SplitRollout:
         self.inner, self.policies, self.placement = inner, policies, placement
 
     def __getattr__(self, name: str) -> Any:  # release(), close(), ... of the backend
+        if name == "inner":  # not set yet (a copy in the making): no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     def generate(self, requests: list[Any]) -> list[Any]:
