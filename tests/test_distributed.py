@@ -79,7 +79,7 @@ def test_two_processes_match_one_process(tiny_model_dir, tmp_path, algo, launche
     assert len(run_dirs) == 1, run_dirs  # one run dir for both ranks
     run = run_dirs[0]
     assert "2 data-parallel processes" in two.stdout
-    assert ("FSDP: the base is sharded over 2 ranks" in two.stdout) == fsdp
+    assert ("FSDP: the models are sharded over 2 ranks" in two.stdout) == fsdp
     if fsdp:
         assert json.loads((run / "summary.json").read_text())["after"] is not None
 
@@ -248,7 +248,9 @@ def test_bucketed_gradient_sync_equals_the_concatenated_one_bitwise(tmp_path):
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["trainer.prompts_per_step=3"], "trainer.prompts_per_step=3 does not split over 2 processes"),
+    (["trainer.prompts_per_step=3", "trainer.work_split=prompts"],
+     "trainer.prompts_per_step=3 does not split over 2 processes"),
+    (["trainer.placement=groups"], "trainer.placement=groups gives each policy its own ranks, but LoRA policies"),
     (["-m", "seed=0,1"], "never inside torchrun"),
     (["model.device=cuda:0"], "puts every rank on GPU 0: use model.device=cuda"),
 ])

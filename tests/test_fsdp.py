@@ -1,8 +1,11 @@
-"""FSDP (`trainer.fsdp=true`) on CPU with 2 processes (gloo): the base is really sharded, the
-ranks' uneven forward/backward passes run in lockstep and give what the whole model gives, the
-lockstep refuses passes that would desynchronize the ranks, and settings FSDP cannot run with are
-refused with a message. The end-to-end equivalence with a single process is in
-test_distributed.py (it runs every launcher setting with and without FSDP)."""
+"""FSDP (`trainer.fsdp=true`) on CPU with 2 and 4 processes (gloo): models are really sharded
+(frozen bases under LoRA, fully fine-tuned policies), each phase of passes agrees once on its
+pass count and the ranks with fewer pad, which gives what the whole model gives (full fine-tuning
+on 2 and 4 ranks equals one process), a miscount stops with a message instead of hanging, passes
+that would desynchronize the ranks are refused, and settings FSDP cannot run with are refused
+with a message. The end-to-end runs (checkpoints, resume on other world sizes, kill -9 during a
+sharded save) are in test_sharded_training.py; LoRA + FSDP against one process in
+test_distributed.py."""
 
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ LOCKSTEP_SCRIPT = textwrap.dedent("""
     sharded, whole = make_policies(sys.argv[2]), make_policies(sys.argv[2])  # same seed: same adapters
     for p in (sharded, whole):  # train-mode passes recompute inside the backward
         p.enable_gradient_checkpointing()
-    out["sharding"] = fsdp.shard_policies(sharded)
+    out["sharding"] = fsdp.shard_policies(sharded, rounds=True)  # generation below runs on the shards
     model, ref = sharded.models[0], whole.models[0]
     out["is_sharded"] = [fsdp.is_sharded(model), fsdp.is_sharded(ref)]
     out["local_numel"] = sum(p.to_local().numel() for n, p in model.named_parameters() if "lora_" not in n)
@@ -51,11 +54,13 @@ LOCKSTEP_SCRIPT = textwrap.dedent("""
     out["generated_lengths"] = [[len(ids) for ids in call] for call in got]
     distributed.settle()  # from passes without gradients to passes with them (as the trainer does)
 
-    # Uneven backward passes (rank 0: three micro-batches, rank 1: one), then the gradient sync.
+    # Uneven backward passes (rank 0: three micro-batches, rank 1: one), one announced phase, then
+    # the gradient sync.
     def grads(policies):
         m = policies.models[0]
-        with policies.acting(0):
-            for i in range(3 if r == 0 else 1):
+        passes = 3 if r == 0 else 1
+        with policies.acting(0), fsdp.passes(m, passes, grad=True):
+            for i in range(passes):
                 prompt = torch.tensor([5 + i, 6, 7 + r])
                 comps = [torch.tensor([8, 9, 10 + i]), torch.tensor([11, 12])]
                 logp, mask, _ = completion_logprobs(m, [prompt, prompt], comps, pad_id=0)
@@ -89,20 +94,21 @@ LOCKSTEP_SCRIPT = textwrap.dedent("""
         out["solo_equal"] = solo == [c.completion_ids.tolist() for c in HFRollout(whole).generate(requests(7, 4))]
     distributed.barrier()
 
-    # Passes that would desynchronize the ranks are refused on every rank, before any all-gather.
+    # Passes that would desynchronize the ranks are refused on every rank, before any all-gather:
+    # a pass with gradients outside an announced phase, a second pass before a backward.
     ids = torch.tensor([[5, 6, 7]])
-    try:
-        with torch.set_grad_enabled(r == 0):
-            model(input_ids=ids)
-    except RuntimeError as err:
-        out["mixed_kinds"] = str(err)
     with sharded.acting(0):
-        loss = model(input_ids=ids).logits.sum()
         try:
             model(input_ids=ids)
         except RuntimeError as err:
-            out["no_backward"] = str(err)
-        loss.backward()
+            out["unannounced"] = str(err)
+        with fsdp.passes(model, 2, grad=True):
+            loss = model(input_ids=ids).logits.sum()
+            try:
+                model(input_ids=ids)
+            except RuntimeError as err:
+                out["no_backward"] = str(err)
+            loss.backward()
     distributed.barrier()
     with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
         json.dump(out, f)
@@ -110,15 +116,23 @@ LOCKSTEP_SCRIPT = textwrap.dedent("""
 """)
 
 
-def run_two_ranks(script_text: str, tmp_path: Path, model_dir: Path) -> list[dict]:
-    """Runs `script_text` on 2 gloo ranks under torchrun; each rank's rank<r>.json, by rank."""
+def run_ranks(script_text: str, tmp_path: Path, model_dir: Path, ranks: int = 2, *args: str,
+              check: bool = True) -> list[dict] | subprocess.CompletedProcess:
+    """Runs `script_text` on `ranks` gloo ranks under torchrun; each rank's rank<r>.json, by rank
+    (check=False: the finished process, whatever its exit)."""
     script = tmp_path / "ranks.py"
     script.write_text(script_text)
-    out = subprocess.run([str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", str(script), str(tmp_path),
-                          str(model_dir), str(Path(__file__).parent)],
+    out = subprocess.run([str(VENV_BIN / "torchrun"), "--nproc_per_node", str(ranks), str(script), str(tmp_path),
+                          str(model_dir), str(Path(__file__).parent), *args],
                          env=env(), capture_output=True, text=True, timeout=300)
+    if not check:
+        return out
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+
+
+def run_two_ranks(script_text: str, tmp_path: Path, model_dir: Path) -> list[dict]:
+    return run_ranks(script_text, tmp_path, model_dir)
 
 
 @pytest.mark.slow
@@ -134,7 +148,7 @@ def test_sharded_passes_run_in_lockstep_and_match_the_whole_model(tiny_model_dir
         assert r["grad_norm"] > 0 and r["grad_max_diff"] < 1e-5
         assert r["ppo_steps"] == 6 and r["ppo_max_diff"] < 1e-5  # 2 epochs x ceil(7 / 3) mini-batches
         assert r["ppo_moved"] > 1e-3  # lr 1e-2: the update really moved the adapter
-        assert "different kinds" in r["mixed_kinds"]
+        assert "outside fsdp.passes" in r["unannounced"]
         assert "must have its backward" in r["no_backward"]
     assert results[0]["solo_equal"]
     # The ranks really did uneven work: different numbers of calls and tokens.
@@ -144,7 +158,6 @@ def test_sharded_passes_run_in_lockstep_and_match_the_whole_model(tiny_model_dir
 @pytest.mark.parametrize("overrides,message", [
     (["trainer.rollout=vllm"], "trainer.fsdp=true needs trainer.rollout=hf"),
     (["model.agent_bases=[a,b]"], "unset model.agent_bases"),
-    (["algo=collm_cc", "task=tldr", "algo.critic.placement=separate"], "use algo.critic.placement=adapter"),
 ])
 def test_settings_fsdp_cannot_run_with_are_refused(overrides, message):
     from marl_llm.config import UserError
@@ -188,7 +201,7 @@ UNSHARD_SCRIPT = textwrap.dedent("""
     w = distributed.init(timeout_min=5, cpu=True)
     r, out = w.rank, {"rank": w.rank}
     sharded, whole = make_policies(sys.argv[2]), make_policies(sys.argv[2])  # same seed: same adapters
-    fsdp.shard_policies(sharded)
+    fsdp.shard_policies(sharded, rounds=True)  # the switch off: rollouts on the shards, a round per pass
     model = sharded.models[0]
     out["units"] = len(fsdp._units(model))
 
@@ -254,8 +267,9 @@ UNSHARD_SCRIPT = textwrap.dedent("""
 
     # Training passes after a window still run in lockstep and match the whole model.
     def grads(policies):
-        with policies.acting(0) as m:
-            for i in range(2 if r == 0 else 1):
+        passes = 2 if r == 0 else 1
+        with policies.acting(0) as m, fsdp.passes(m, passes, grad=True):
+            for i in range(passes):
                 logits = m(input_ids=torch.tensor([[5 + i, 6, 7 + r]])).logits
                 logits.float().logsumexp(-1).sum().backward()
         params = policies.adapter_parameters(0, "agent_aux")
@@ -294,3 +308,158 @@ def test_rollouts_unshard_the_base_once_and_run_without_collectives(tiny_model_d
     passes = 2 + (6 - 1) + (3 - 1)
     for r in results:
         assert r["per_pass"] == {"all_gather_single": 2 * passes + 1, "all_reduce": passes + 1}
+
+
+# -------------------------------------------------------------------------- counted passes
+COUNT_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    sys.path.insert(0, sys.argv[3])
+    from conftest import make_policies
+    from marl_llm.distributed import data_parallel as distributed
+    from marl_llm.distributed import fsdp
+
+    miscount = sys.argv[4] == "miscount"
+    w = distributed.init(timeout_min=0.25 if miscount else 5, cpu=True)
+    r, out = w.rank, {"rank": w.rank}
+    sharded, whole = make_policies(sys.argv[2]), make_policies(sys.argv[2])
+    fsdp.shard_policies(sharded)
+    calls = {"all_reduce": 0}
+    reduce = torch.distributed.all_reduce
+    def counted(*args, **kwargs):
+        calls["all_reduce"] += 1
+        return reduce(*args, **kwargs)
+    torch.distributed.all_reduce = counted
+
+    # Uneven work: rank 0 runs 3 passes with gradients, rank 1 one (and announces 1, or with
+    # "miscount" runs 4 after announcing 1: more than the 3 the ranks agree on).
+    def grads(policies):
+        runs = (3 if r == 0 else 4 if miscount else 1)
+        announced = 3 if r == 0 else 1
+        with policies.acting(0) as m, fsdp.passes(m, announced, grad=True) as agreed:
+            for i in range(runs):
+                logits = m(input_ids=torch.tensor([[5 + i, 6, 7 + r]])).logits
+                logits.float().logsumexp(-1).sum().backward()
+        params = policies.adapter_parameters(0, "agent_aux")
+        distributed.sync_gradients(params, 1.0)
+        return torch.cat([p.grad.flatten() for p in params]), agreed
+    mark = calls["all_reduce"]
+    g, agreed = grads(sharded)
+    out["phase_all_reduces"] = calls["all_reduce"] - mark - 1  # less the gradient sync's own
+    out["agreed"] = agreed.passes
+    out["counts"] = agreed.counts
+    out["grad_max_diff"] = float((g - grads(whole)[0]).abs().max())
+    out["grad_norm"] = float(g.norm())
+    with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
+        json.dump(out, f)
+    distributed.shutdown()
+""")
+
+
+@pytest.mark.slow
+def test_a_phase_agrees_once_on_its_pass_count_and_pads(tiny_model_dir, tmp_path):
+    results = run_ranks(COUNT_SCRIPT, tmp_path, tiny_model_dir, 2, "even")
+    for r in results:
+        assert r["agreed"] == 3 and r["counts"] == [3, 1]
+        assert r["phase_all_reduces"] == 1  # one agreement for the phase, no round per pass
+        assert r["grad_norm"] > 0 and r["grad_max_diff"] < 1e-5  # rank 1's two dummy passes added nothing
+
+
+@pytest.mark.slow
+def test_a_miscounted_phase_stops_with_a_message_instead_of_hanging(tiny_model_dir, tmp_path):
+    import time
+
+    start = time.monotonic()
+    out = run_ranks(COUNT_SCRIPT, tmp_path, tiny_model_dir, 2, "miscount", check=False)
+    assert out.returncode != 0
+    assert "rank 1 ran pass 4 of a phase for which the ranks agreed on 3" in out.stderr, out.stderr[-3000:]
+    assert "trainer.distributed_timeout_min" in out.stderr
+    assert time.monotonic() - start < 240  # rank 0, left waiting in an all-gather, did not hang
+
+
+# ---------------------------------------------------------------- full fine-tuning, sharded
+FULL_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    from omegaconf import OmegaConf
+    sys.path.insert(0, sys.argv[3])
+    from marl_llm.algos.update import UpdateSettings, policy_update
+    from marl_llm.distributed import data_parallel as distributed
+    from marl_llm.distributed import fsdp
+    from marl_llm.models.policies import AgentPolicies
+    from marl_llm.rollout.base import Completion
+
+    def full_policies():
+        model_cfg = OmegaConf.create(dict(name="tiny", path=sys.argv[2], embedded=False, hub_id=None, dtype="float32",
+                                          device="cpu", attn_implementation="sdpa", trust_remote_code=False,
+                                          agent_bases=None))
+        algo_cfg = OmegaConf.create(dict(adapters="per_agent", learning_rate=1e-3, weight_decay=0.01, policy_map={},
+                                         lora=None, kl_coef=0.1))
+        policies = AgentPolicies(("aux", "main"), model_cfg, algo_cfg, 0)
+        policies.enable_gradient_checkpointing()
+        return policies
+
+    def samples(rank):  # rank r's share of the batch: 2 + r samples of uneven lengths
+        comps = [Completion(torch.tensor([5, 6 + j % 2, 7 + rank]), torch.tensor([8 + j, 9, 10, 11][: 2 + (j + rank) % 3]),
+                            "", False) for j in range(2 + rank)]
+        return comps, torch.linspace(-1.0, 1.0, 2 + rank) * (1 + rank)
+
+    w = distributed.init(timeout_min=5, cpu=True)
+    r, n, out = w.rank, w.size, {"rank": w.rank}
+    # Two trainer steps of two PPO epochs each (old log-probs, KL to the sharded reference copy,
+    # clipped gradients), one completion per micro-batch.
+    settings = UpdateSettings(epochs=2, clip_eps=0.2, kl_coef=0.1, max_grad_norm=0.5, seed=0)
+    key = (1, "agent_main")
+    sharded = full_policies()
+    out["sharding"] = fsdp.shard_policies(sharded)
+    out["local"] = sum(p.to_local().numel() for p in sharded.models[1].parameters())
+    out["whole"] = sum(p.numel() for p in sharded.models[1].parameters())
+    norms = [policy_update(sharded, 1, key, *samples(r), settings, micro_batch_size=1)["grad_norm"] for _ in range(2)]
+    # Scoring applied the LM head in chunks to the sharded model's hidden states (no full logits).
+    from marl_llm.models import scoring
+    out["chunked_head"] = scoring.lm_head(sharded.models[1]) is not None and sharded.models[1] not in scoring._UNUSUAL
+    got = fsdp.full_state_dict(sharded.models[1])  # whole on rank 0
+    # One process with every rank's samples (this rank alone, as a world of one).
+    distributed._WORLD = distributed.World()
+    whole = full_policies()
+    before = {k: v.clone() for k, v in whole.models[1].state_dict().items()}
+    comps = [c for q in range(n) for c in samples(q)[0]]
+    advs = torch.cat([samples(q)[1] for q in range(n)])
+    single = [policy_update(whole, 1, key, comps, advs, settings, micro_batch_size=1)["grad_norm"] for _ in range(2)]
+    want = whole.models[1].state_dict()
+    if r == 0:
+        out["keys"] = sorted(got) == sorted(want)
+        out["max_diff"] = max(float((got[k] - want[k]).abs().max()) for k in got)
+        out["moved"] = max(float((before[k] - want[k]).abs().max()) for k in want)
+        out["norms"] = [norms, single]
+    with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
+        json.dump(out, f)
+    distributed._WORLD = w
+    distributed.shutdown()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_full_fine_tuning_sharded_over_ranks_equals_one_process(tiny_model_dir, tmp_path, ranks):
+    results = run_ranks(FULL_SCRIPT, tmp_path, tiny_model_dir, ranks)
+    assert [r["rank"] for r in results] == list(range(ranks))
+    for r in results:
+        assert f"sharded over {ranks} ranks" in r["sharding"] and r["chunked_head"]
+        assert r["whole"] / ranks <= r["local"] < r["whole"] / ranks + 1000  # every trained weight is a shard
+    first = results[0]
+    assert first["keys"]
+    assert first["moved"] > 1e-3  # 8 AdamW steps at lr 1e-3 really moved the weights
+    assert first["max_diff"] < 1e-5, first["max_diff"]
+    assert first["norms"][0] == pytest.approx(first["norms"][1], rel=1e-5)  # the clipped, sharded norms
+
+
+def test_an_old_torch_without_the_fsdp2_api_is_refused_in_one_line(monkeypatch):
+    from marl_llm.config import UserError
+    from marl_llm.distributed import fsdp
+
+    monkeypatch.setattr(fsdp, "missing_fsdp2_api", lambda: fsdp.FSDP2_NEEDS[0])
+    with pytest.raises(UserError, match=r"trainer.fsdp=true needs FSDP2's fully_shard\(ignored_params=...\)") as err:
+        fsdp.check_supported(compose_config(["trainer.fsdp=true"]))
+    assert "\n" not in str(err.value) and "upgrade torch" in str(err.value)
+    assert fsdp.FSDP2_NEEDS and monkeypatch.undo() is None and fsdp.missing_fsdp2_api() is None  # this torch has it

@@ -150,7 +150,6 @@ def test_gradient_checkpointing_gives_the_same_full_update(tiny_model_dir):
 # --------------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize("algo, extra, match", [
     ("magrpo", ["trainer.rollout=vllm"], "use trainer.rollout=hf"),
-    ("magrpo", ["trainer.fsdp=true"], "set trainer.fsdp=false"),
     ("collm_cc", ["algo.critic.placement=adapter"], "use algo.critic.placement=separate"),
     ("collm_dc", ["algo.critic.placement=actor"], "use algo.critic.placement=separate"),
 ])
@@ -160,9 +159,16 @@ def test_what_assumes_adapters_is_refused_in_one_line(tmp_path, algo, extra, mat
     with pytest.raises(UserError, match=match) as err:
         validate(cfg)
     assert "\n" not in str(err.value) and "algo.lora=null" in str(err.value)
-    if "trainer.fsdp=true" in extra:  # also where the trainer builds without validating first
-        with pytest.raises(UserError, match=match):
-            fsdp.check_supported(cfg)
+
+
+def test_full_fine_tuning_is_accepted_with_fsdp(tmp_path):
+    """trainer.fsdp shards fully fine-tuned policies (and a separate critic): no refusal."""
+    for algo in ("magrpo", "collm_cc"):
+        cfg = compose_config(full([f"algo={algo}", "task=strbuild" if algo != "magrpo" else "task=humaneval",
+                                   f"run_dir={tmp_path}", "trainer.fsdp=true",
+                                   *(["algo.critic.placement=separate"] if algo == "collm_cc" else [])]))
+        validate(cfg)
+        fsdp.check_supported(cfg)
 
 
 def test_point_of_use_guards(tiny_model_dir):

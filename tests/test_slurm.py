@@ -89,7 +89,7 @@ def test_partition_and_account_come_from_the_local_config(tmp_path):
 
 
 @pytest.mark.parametrize("launcher", [None, "basic", "local", "submitit_local", "slurm", "slurm_multigpu",
-                                      "slurm_gres"])
+                                      "slurm_gres", "slurm_8gpu", "slurm_2x8gpu"])
 def test_the_example_local_config_composes_with_every_launcher(tmp_path, launcher):
     example = (REPO / "conf" / "local" / "default.example.yaml").read_text()
     cfg = compose_hydra(conf_copy(tmp_path, example), [f"hydra/launcher={launcher}"] if launcher else [])
@@ -151,6 +151,21 @@ def test_a_sweep_submits_one_job_array_with_the_local_settings(tmp_path):
     assert "\nmodule load cuda/12.4\n" in script.split("# command")[0]
     # Each task runs the same python that submitted the sweep (one rank each, no torchrun).
     assert "srun --unbuffered" in script and "-u -m submitit.core._submit" in script
+    assert "torchrun" not in script
+
+
+@pytest.mark.parametrize("launcher, nodes", [("slurm_8gpu", 1), ("slurm_2x8gpu", 2)])
+def test_the_8_gpu_presets_submit_one_rank_per_gpu_on_one_and_two_nodes(tmp_path, launcher, nodes):
+    """The presets for 1 and 2 nodes of 8 GPUs, through the real CLI up to a fake sbatch: 8 tasks
+    per node, one per GPU, the host memory for 8 ranks loading their models."""
+    sweep, env = tmp_path / "multirun" / "sweep1", fake_slurm(tmp_path, sbatch=refusing_sbatch(tmp_path))
+    out = subprocess.run([CLI, "-m", "--config-dir", str(conf_copy(tmp_path)), f"hydra/launcher={launcher}", "seed=0,1",
+                          "experiment=at_grpo_sokoban_qwen3_8b_paper", f"hydra.sweep.dir={sweep}"],
+                         cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert "refused (test)" in out.stderr, out.stderr[-3000:]
+    script = (tmp_path / "job.sh").read_text()
+    for line in (f"--nodes={nodes}", "--gpus-per-node=8", "--ntasks-per-node=8", "--mem=960GB", "--array=0-1%2"):
+        assert f"#SBATCH {line}\n" in script, (line, script)
     assert "torchrun" not in script
 
 

@@ -274,6 +274,15 @@ class TrainerConfig:
     # every layer at every decode step, and free it before the update. Costs a whole copy of the
     # base on every rank during rollouts; false keeps only the shards (and all-gathers per pass).
     fsdp_unshard_rollout: bool = True
+    # Which ranks and devices hold which policy (distributed/placement.py): shared | groups (a group
+    # of ranks per policy: placement_groups, their sizes; null: equal) | devices (one process, a GPU
+    # per policy: placement_devices; null: every visible GPU).
+    placement: str = "shared"
+    placement_groups: Optional[List[int]] = None
+    placement_devices: Optional[List[str]] = None
+    # How a step's work is split over the ranks: prompts | joint_actions (every generate call and
+    # mini-batch split: one prompt per step scales) | auto (prompts where they divide and shared).
+    work_split: str = "auto"
     # Torch's CPU threads: auto = the fewer of torch's default and the physical cores this process
     # may use (its CPU affinity, e.g. SLURM's --cpus-per-task, and a cgroup CPU quota), less the cores
     # other processes keep busy (training/threads.py; the load left out with trainer.deterministic),
@@ -300,6 +309,20 @@ class ClusterConfig:
     setup: List[str] = field(default_factory=list)
 
 
+# ---------------------------------------------------------------------------------- memory plan
+@dataclass
+class PlanConfig:
+    """The memory plan (distributed/memory_plan.py; `marl-llm-plan`): the hardware a preset needs
+    (gpus, gpu_gib: marl-llm-plan's defaults 1 and 80; a run plans for its own processes and device,
+    on the CPU against gpu_gib when set), the longest prompt it budgets for, and whether a run that
+    does not fit stops."""
+
+    gpus: Optional[int] = None
+    gpu_gib: Optional[float] = None
+    prompt_tokens: int = 512
+    check: bool = True
+
+
 @dataclass
 class RootConfig:
     algo: Any = MISSING
@@ -308,6 +331,7 @@ class RootConfig:
     logger: LoggerConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     seed: int = 0
     # Run directory (checkpoints, metrics.jsonl, samples); defaults to Hydra's output dir.
     run_dir: str = MISSING
@@ -455,8 +479,6 @@ def check_shared(cfg: DictConfig) -> None:
     else:  # full fine-tuning (models.policies.AgentPolicies): what assumes LoRA adapters is refused
         check_value(t.rollout == "hf", "trainer.rollout", "vllm serves LoRA adapters on one base, but algo.lora=null "
                     "fully fine-tunes every policy: use trainer.rollout=hf")
-        check_value(not t.fsdp, "trainer.fsdp", "FSDP shards a frozen base under LoRA adapters, but algo.lora=null "
-                    "fully fine-tunes every policy: set trainer.fsdp=false")
         placement = OmegaConf.select(cfg, "algo.critic.placement")
         check_value(placement in (None, "separate"), "algo.critic.placement", f"{placement} puts the critic on "
                     "the actors' LoRA adapters, but algo.lora=null fully fine-tunes the actors: use "

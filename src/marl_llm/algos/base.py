@@ -127,6 +127,15 @@ class Algorithm(ABC):
         the base): the trainer turns gradient checkpointing on for these too."""
         return []
 
+    def parameters_replaced(self) -> None:
+        """FSDP replaced the parameters of the models (`extra_models` included) with their shards:
+        an algorithm with optimizers of its own (critics) rebuilds them here."""
+
+    def checkpoint_parts(self) -> dict[str, tuple[Any, Any]]:
+        """Trained models of the algorithm's own with their optimizers, by name, that a sharded
+        checkpoint stores as shards (runs/sharded_checkpoint.py): a separate critic."""
+        return {}
+
     # Training state beyond the agents' adapters and optimizers (critics, ...), for checkpoints.
     def state_dict(self) -> dict[str, Any]:
         return {}

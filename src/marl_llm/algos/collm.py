@@ -46,7 +46,7 @@ from marl_llm.algos.returns import gae, normalize_per_group, td0
 from marl_llm.algos.update import UpdateSettings, policy_update
 from marl_llm.algos.schemas import ActorCriticConfig  # the schema (and its checks) lives with the light ones
 from marl_llm.config import UserError
-from marl_llm.distributed import fsdp
+from marl_llm.distributed import fsdp, placement
 from marl_llm.training.episodes import JointNode, JointTree, trajectories
 from marl_llm.training.rollout_metrics import reward_metrics
 from marl_llm.models.policies import full_model, lora_weights
@@ -109,12 +109,13 @@ class ActorCritic(Algorithm):
         else:  # separate: a full copy of the base, every weight trained (the reference's critic)
             # fp32 master weights under bf16 autocast, as a fully fine-tuned actor (models.full_model):
             # trained in bf16, AdamW at the presets' lr 5e-6 would round every update away.
-            model, _ = load_base(p.base_specs[k], p.model_cfg, p.device,
+            # On its agents' device (trainer.placement=devices puts the policies on several).
+            model, _ = load_base(p.base_specs[k], p.model_cfg, p.model_device(k),
                                  torch.float32 if p.autocast_dtype is not None else p.dtype)
             full_model(model, p.autocast_dtype, device_type=p.device.type)
             trunk = dict(model.named_parameters())
         torch.manual_seed(p.seed + 31 * (len(self.task.agent_names) + (owner or 0)))
-        head = ValueHead(model.config.hidden_size, c.hidden_layer).to(p.device)
+        head = ValueHead(model.config.hidden_size, c.hidden_layer).to(p.model_device(k))
         return Critic(name, model, adapter, trunk, head, p.tokenizers[k].pad_token_id, c.learning_rate,
                       c.weight_decay, c.loss_coef, c.value_clip, c.max_grad_norm, self.micro_batch_size)
 
@@ -207,7 +208,8 @@ class ActorCritic(Algorithm):
         (its TD targets need all its values). Not on an FSDP-sharded model."""
         return (self.buffer is None and self.cfg.critic.placement == "adapter"
                 and max((len(rows) for rows in spans), default=0) <= critic.micro_batch_size
-                and not has_dropout(critic.model) and not fsdp.is_sharded(critic.model))
+                and not has_dropout(critic.model) and not fsdp.is_sharded(critic.model)
+                and not placement.current().by_actions)  # there each rank fits a share only
 
     # -------------------------------------------------------------------------------- update
     def update(self, batches: list[AgentBatch], end_of_epoch: bool = False) -> dict[str, float]:
@@ -221,6 +223,8 @@ class ActorCritic(Algorithm):
             comps = [c for i in agents for c in batches[i].completions]
             advs = torch.cat([batches[i].advantages for i in agents])
             s = policy_update(self.policies, agents[0], key, comps, advs, settings, self.micro_batch_size)
+            if not s:  # a policy this rank does not hold (trainer.placement=groups)
+                continue
             s.pop("optimizer_steps")
             stats.update({f"{self.policies.policy_label(key)}/{k}": v for k, v in s.items()})
         # Each critic steps once on the whole batch.
@@ -287,7 +291,8 @@ class ActorCritic(Algorithm):
         for i, parts in actor_parts.items():
             by_policy.setdefault((policies.agents[i].model_index, policies.agents[i].adapter), []).extend(parts)
         for key, parts in by_policy.items():
-            stats.update(step_stats(policies.policy_label(key), parts))
+            if placement.current().holds(key):  # placement=groups: a rank reports its own policy
+                stats.update(step_stats(policies.policy_label(key), parts))
         for j, owner in enumerate(self.owners):
             stats.update(step_stats("critic" if owner is None else f"{self.task.agent_names[owner]}/critic",
                                     critic_parts[j]))
@@ -297,6 +302,14 @@ class ActorCritic(Algorithm):
     def extra_models(self) -> list[Any]:
         """The separate critics' own models (critic.placement=separate)."""
         return [c.model for c in self.critics if c.adapter is None and all(c.model is not m for m in self.policies.models)]
+
+    def parameters_replaced(self) -> None:
+        for critic in self.critics:
+            critic.rebind()
+
+    def checkpoint_parts(self) -> dict[str, tuple[Any, Any]]:
+        separate = {id(m) for m in self.extra_models()}
+        return {f"critic/{c.name}": c.checkpoint_part() for c in self.critics if id(c.model) in separate}
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"critics": {c.name: c.state_dict() for c in self.critics}}

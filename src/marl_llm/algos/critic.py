@@ -14,14 +14,15 @@ every prompt ends at the same column and a completion's last token sits at P + l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
-from marl_llm.distributed.data_parallel import sync_gradients
-from marl_llm.models.policies import adamw, restore_implementation
+from marl_llm.distributed import data_parallel as distributed
+from marl_llm.distributed import fsdp, placement
+from marl_llm.models.policies import adamw, restore_implementation, same_optimizer
 from marl_llm.rollout.decode import pad_pairs
 
 
@@ -83,8 +84,10 @@ class _Pass:
     n: int
     values: Tensor
     targets: Tensor
+    rows: list[int] = field(default_factory=list)  # the samples of this rank's passes (all, unless shared)
     loss_sum: float = 0.0
     clipped: int = 0
+    agreed: fsdp.Agreement | None = None  # what the ranks agreed on for the passes (fsdp.passes)
 
 
 class Critic:
@@ -134,9 +137,19 @@ class Critic:
         """The critic's current values: Tensor[n] (float32, CPU)."""
         self._activate()
         out = torch.zeros(len(prompts))
-        for idx in self._chunks(prompts, completions):
-            out[idx] = self._forward(prompts, completions, idx).float().cpu()
+        chunks = self._chunks(prompts, completions)
+        with fsdp.passes(self.model, len(chunks), grad=False):
+            for idx in chunks:
+                out[idx] = self._forward(prompts, completions, idx).float().cpu()
         return out
+
+    def rebind(self) -> None:
+        """A new optimizer over the trunk's parameters as the model holds them now (FSDP replaced a
+        separate critic's parameters with its shards); no state is lost: none exists yet."""
+        if self.adapter is None:  # a separate model: its trunk is every parameter
+            self.trunk = dict(self.model.named_parameters())
+        self.params = list(self.trunk.values()) + list(self.head.parameters())
+        self.optimizer = same_optimizer(self.optimizer, self.params)
 
     def update(self, prompts: list[Tensor], completions: list[Tensor] | None, targets: Tensor,
                old_values: Tensor) -> dict[str, float]:
@@ -173,36 +186,49 @@ class Critic:
         self._activate()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        n = len(prompts)
-        out = _Pass(n, torch.zeros(n), torch.zeros(n))
+        if placement.current().by_actions:  # every rank holds every sample: it trains on its share
+            chunks = distributed.shard(chunks)
+        rows = sorted(j for idx in chunks for j in idx)
+        n = len(rows)
+        out = _Pass(n, torch.zeros(len(prompts)), torch.zeros(len(prompts)), rows=rows)
         try:
-            for idx in chunks:
-                v = self._forward(prompts, completions, idx)
-                seen = v.detach().float().cpu()
-                out.values[idx] = seen
-                out.targets[idx] = targets_of(idx, seen).float()
-                y = out.targets[idx].to(v.device, v.dtype)
-                err = (v - y) ** 2
-                if self.value_clip is not None:
-                    old = old_of(idx, seen).to(v.device, v.dtype)
-                    v_clip = old + (v - old).clamp(-self.value_clip, self.value_clip)
-                    err_clip = (v_clip - y) ** 2
-                    out.clipped += int((err_clip > err).sum())
-                    err = torch.maximum(err, err_clip)
-                loss = self.loss_coef * err.sum() / n
-                loss.backward()
-                out.loss_sum += float(loss.detach())
+            with fsdp.passes(self.model, len(chunks), grad=True, weight=n) as out.agreed:
+                self._passes(prompts, completions, chunks, targets_of, old_of, out, out.agreed.loss_scale(n))
         finally:
             self.model.eval()
         return out
 
+    def _passes(self, prompts: list[Tensor], completions: list[Tensor] | None, chunks: list[list[int]],
+                targets_of: Callable[[list[int], Tensor], Tensor], old_of: Callable[[list[int], Tensor], Tensor],
+                out: _Pass, scale: float) -> None:
+        """The forward/backward passes of `_backward`, each loss times `scale` (fsdp.Agreement.loss_scale)."""
+        n = out.n
+        for idx in chunks:
+            v = self._forward(prompts, completions, idx)
+            seen = v.detach().float().cpu()
+            out.values[idx] = seen
+            out.targets[idx] = targets_of(idx, seen).float()
+            y = out.targets[idx].to(v.device, v.dtype)
+            err = (v - y) ** 2
+            if self.value_clip is not None:
+                old = old_of(idx, seen).to(v.device, v.dtype)
+                v_clip = old + (v - old).clamp(-self.value_clip, self.value_clip)
+                err_clip = (v_clip - y) ** 2
+                out.clipped += int((err_clip > err).sum())
+                err = torch.maximum(err, err_clip)
+            loss = self.loss_coef * err.sum() / n
+            (loss * scale).backward()
+            out.loss_sum += float(loss.detach())
+
     def _step(self, done: _Pass) -> dict[str, float]:
-        n, values, loss_sum, clipped = done.n, done.values, done.loss_sum, done.clipped
-        sync_gradients(self.params, n)  # data-parallel ranks: the gradient over every rank's samples
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
+        n, loss_sum, clipped = done.n, done.loss_sum, done.clipped
+        fsdp.sync_replicated(self.params, n, done.agreed)  # data-parallel ranks: the gradient over every rank's samples
+        grad_norm = fsdp.clip_grad_norm(self.params, self.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)  # the gradients' memory back before the next rollout
-        y = done.targets.float()
+        if not done.rows:  # a rank whose share was empty: it still took the synced step
+            return {"grad_norm": grad_norm, "learning_rate": float(self.optimizer.param_groups[0]["lr"])}
+        values, y = done.values[done.rows], done.targets[done.rows].float()
         var_y = float(y.var(unbiased=False)) if n > 1 else 0.0
         stats = {"vf_loss": loss_sum, "values/mean": float(values.mean()), "returns/mean": float(y.mean()),
                  "vf_explained_var": (1.0 - float((y - values).var(unbiased=False)) / var_y) if var_y > 0 else 0.0,
@@ -212,12 +238,21 @@ class Critic:
         return stats
 
     # -- checkpoint state
+    def checkpoint_part(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The critic as one module (trunk model and head) with its optimizer, for a sharded
+        checkpoint (runs/sharded_checkpoint.py): a critic whose trunk is a model of its own."""
+        return nn.ModuleDict({"trunk": self.model, "head": self.head}), self.optimizer
+
     def state_dict(self) -> dict:
+        if fsdp.trains_sharded(self.model):  # its shards are in the sharded checkpoint's own files
+            return {"in_sharded_checkpoint": True}
         return {"trunk": {k: p.detach().cpu().clone() for k, p in self.trunk.items()},
                 "head": {k: t.detach().cpu().clone() for k, t in self.head.state_dict().items()},
                 "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        if state.get("in_sharded_checkpoint"):
+            return  # restored from the sharded checkpoint's files (sharded_checkpoint.restore_any_checkpoint)
         with torch.no_grad():
             for k, t in state["trunk"].items():
                 self.trunk[k].copy_(t.to(self.trunk[k].device, self.trunk[k].dtype))

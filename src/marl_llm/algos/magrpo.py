@@ -26,6 +26,7 @@ from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
 from marl_llm.algos.schemas import MAGRPOConfig  # the schema (and its checks) lives with the light ones
 from marl_llm.training.episodes import JointTree
 from marl_llm.rollout.base import Completion
+from marl_llm.distributed import fsdp, placement
 from marl_llm.rollout.decode import completion_logprobs
 from marl_llm.tasks.base import Problem
 
@@ -128,13 +129,15 @@ class MAGRPO(Algorithm):
         frozen base copy with algo.lora=null): Tensor[n]."""
         pad = self.policies.tokenizers[self.policies.agents[agent].model_index].pad_token_id
         kl = torch.zeros(len(completions), dtype=torch.float64)
-        with self.policies.acting(agent) as model:
-            for idx in micro_batches(completions, self.micro_batch_size):
-                prompts = [completions[j].prompt_ids for j in idx]
-                comps = [completions[j].completion_ids for j in idx]
-                logp, mask, _ = completion_logprobs(model, prompts, comps, pad)
-                with self.policies.reference(self.policies.agents[agent].model_index) as ref_model:
-                    ref, _, _ = completion_logprobs(ref_model, prompts, comps, pad)
+        chunks = micro_batches(completions, self.micro_batch_size)
+        inputs = [([completions[j].prompt_ids for j in idx], [completions[j].completion_ids for j in idx]) for idx in chunks]
+        # The policy's passes, then the reference's: each one phase of an FSDP-sharded model (fsdp.passes).
+        with self.policies.acting(agent) as model, fsdp.passes(model, len(chunks), grad=False):
+            scored = [completion_logprobs(model, prompts, comps, pad)[:2] for prompts, comps in inputs]
+        with self.policies.reference(self.policies.agents[agent].model_index) as ref_model, \
+                fsdp.passes(ref_model, len(chunks), grad=False):
+            for idx, (prompts, comps), (logp, mask) in zip(chunks, inputs, scored):
+                ref, _, _ = completion_logprobs(ref_model, prompts, comps, pad)
                 kl[idx] = k3_kl(logp, ref, mask).double().cpu()
         return kl
 
@@ -149,6 +152,8 @@ class MAGRPO(Algorithm):
             advs = torch.cat([batches[i].advantages for i in agents])
             label = self.policies.policy_label(key)
             s = self._update_adapter(agents[0], key, comps, advs)
+            if not s:  # a policy this rank does not hold (trainer.placement=groups)
+                continue
             s.pop("optimizer_steps")
             kls = [batches[i].kl for i in agents if batches[i].kl is not None]
             if kls:  # KL shaped the reward: report the mean per-sequence KL it used
@@ -185,7 +190,8 @@ class MAGRPO(Algorithm):
         self.buffer.run(positions, train, end_of_epoch)
         stats: dict[str, float] = {}
         for key, p in parts.items():
-            stats.update(step_stats(policies.policy_label(key), p))
+            if placement.current().holds(key):  # placement=groups: a rank reports its own policy
+                stats.update(step_stats(policies.policy_label(key), p))
         return stats
 
     def state_dict(self) -> dict:

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from marl_llm.algos.losses import policy_loss
-from marl_llm.distributed.data_parallel import all_sum, settle, sync_gradients, world
+from marl_llm.distributed import fsdp, placement
+from marl_llm.distributed.data_parallel import all_sum, world
 from marl_llm.models.policies import AgentPolicies
 from marl_llm.rollout.base import Completion
 from marl_llm.rollout.decode import completion_logprobs
@@ -118,7 +119,13 @@ def rollout_logprobs(comps: list[Completion], like: torch.Tensor) -> torch.Tenso
 
 def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], comps: list[Completion],
                   advs: torch.Tensor, s: UpdateSettings, micro_batch_size: int) -> dict[str, float]:
-    """Update adapter `key` (acting as agent `agent`) on the samples; returns TRL-named stats."""
+    """Update adapter `key` (acting as agent `agent`) on the samples; returns TRL-named stats.
+    With trainer.work_split=joint_actions every rank holds every sample, and trains on its share
+    of each mini-batch (distributed/placement.py); a rank that does not hold the policy
+    (placement=groups) returns no stats."""
+    where = placement.current()
+    if not where.holds(key):
+        return {}
     opt = policies.optimizers[key]
     params = [p for group in opt.param_groups for p in group["params"]]
     pad = policies.tokenizers[key[0]].pad_token_id
@@ -127,7 +134,17 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
     if s.mini_batch_size is not None and s.mini_batch_size < n:
         gen = torch.Generator().manual_seed(s.seed)
         order = torch.randperm(n, generator=gen).tolist()
-    if world().size > 1:
+    if where.by_actions:
+        # Every rank holds every sample: one process's mini-batches, each split over the ranks
+        # that train the policy (their gradients' weighted mean is the whole mini-batch's).
+        size = n if s.mini_batch_size is None else min(s.mini_batch_size, n)
+        mini_batches = [where.share(sorted(order[i:i + size]), key) for i in range(0, n, size)]
+        mine = sorted(j for batch in mini_batches for j in batch)
+        comps, advs = [comps[j] for j in mine], advs[mine]  # this rank's samples (the stats are of them)
+        index = {j: row for row, j in enumerate(mine)}
+        mini_batches = [[index[j] for j in batch] for batch in mini_batches]
+        n = len(comps)
+    elif world().size > 1:
         # Data-parallel ranks hold different sample counts but must step together: the number
         # of mini-batches follows the global count, each rank splitting its share as evenly.
         n_global = int(all_sum(n))
@@ -158,51 +175,54 @@ def policy_update(policies: AgentPolicies, agent: int, key: tuple[int, str], com
             for row, j in enumerate(idx):
                 old[j] = logp[row, :len(comps[j].scored_ids)].detach()
 
+        # Passes without gradients first, each kind as one phase (FSDP: fsdp.passes).
         if off_policy and steps_per_epoch > 1:  # later mini-batches run after earlier steps
-            with torch.no_grad():
-                for idx in micro_batches(comps, micro_batch_size):
+            chunks = micro_batches(comps, micro_batch_size)
+            with torch.no_grad(), fsdp.passes(model, len(chunks), grad=False):
+                for idx in chunks:
                     keep_old(idx, logps(idx)[0])
-            settle()  # FSDP: every rank's passes without gradients end before any with them
+        if s.kl_coef > 0:  # the frozen reference's log-probs of every micro-batch, once
+            chunks = [idx for batch in mini_batches for idx in micro_batches(comps, micro_batch_size, batch)]
+            with torch.no_grad(), policies.reference(key[0]) as ref_model, \
+                    fsdp.passes(ref_model, len(chunks), grad=False):
+                for idx in chunks:
+                    ref_logps[tuple(idx)] = completion_logprobs(ref_model, [comps[j].prompt_ids for j in idx],
+                                                                [comps[j].scored_ids for j in idx], pad)[0]
         for epoch in range(s.epochs):
             for batch in mini_batches:
                 opt.zero_grad(set_to_none=True)
                 batch_tokens = sum(len(comps[j].scored_ids) for j in batch)
-                for idx in micro_batches(comps, micro_batch_size, batch):
-                    # The reference pass comes first: between a pass with gradients and its
-                    # backward, an FSDP-sharded model runs no other pass (fsdp.py).
-                    ref = None
-                    if s.kl_coef > 0:
-                        if tuple(idx) not in ref_logps:
-                            with torch.no_grad(), policies.reference(key[0]) as ref_model:
-                                ref_logps[tuple(idx)] = completion_logprobs(
-                                    ref_model, [comps[j].prompt_ids for j in idx],
-                                    [comps[j].scored_ids for j in idx], pad)[0]
-                        ref = ref_logps[tuple(idx)]
-                    logp, mask, ent = logps(idx, with_entropy=epoch == 0)
-                    if epoch == 0:
-                        entropy_sum += float((ent * mask).sum())
-                        if off_policy and steps_per_epoch == 1:  # epoch 0 is still on-policy
-                            keep_old(idx, logp)
-                    old_logp = None
-                    if off_policy:
-                        old_logp = torch.zeros_like(logp)
-                        for row, j in enumerate(idx):
-                            old_logp[row, :len(old[j])] = old[j]
-                    loss, stats = policy_loss(logp, old_logp, advs[idx].to(device), mask, aggregation=s.aggregation,
-                                              clip_eps=s.clip_eps, loss_type=s.loss_type, ref_logp=ref, kl_coef=s.kl_coef,
-                                              rollout_logp=rollout_logprobs([comps[j] for j in idx], logp),
-                                              rollout_is_cap=s.rollout_is_cap)
-                    # Weights make the micro-batches sum to the mini-batch's loss.
-                    weight = (float(mask.sum()) / max(batch_tokens, 1) if s.aggregation == "token_mean"
-                              else len(idx) / len(batch))
-                    (loss * weight).backward()
-                    if epoch == s.epochs - 1:
-                        for k, v in stats.items():
-                            acc[k] = acc.get(k, 0.0) + v * weight / steps_per_epoch
+                # This rank's share of the batch, in the unit its loss is normalized by.
+                share = batch_tokens if s.aggregation == "token_mean" else len(batch)
+                chunks = micro_batches(comps, micro_batch_size, batch)
+                with fsdp.passes(model, len(chunks), grad=True, weight=share) as agreed:
+                    scale = agreed.loss_scale(share)  # 1 unless the trained weights are FSDP shards
+                    for idx in chunks:
+                        ref = ref_logps[tuple(idx)] if s.kl_coef > 0 else None
+                        logp, mask, ent = logps(idx, with_entropy=epoch == 0)
+                        if epoch == 0:
+                            entropy_sum += float((ent * mask).sum())
+                            if off_policy and steps_per_epoch == 1:  # epoch 0 is still on-policy
+                                keep_old(idx, logp)
+                        old_logp = None
+                        if off_policy:
+                            old_logp = torch.zeros_like(logp)
+                            for row, j in enumerate(idx):
+                                old_logp[row, :len(old[j])] = old[j]
+                        loss, stats = policy_loss(logp, old_logp, advs[idx].to(device), mask, aggregation=s.aggregation,
+                                                  clip_eps=s.clip_eps, loss_type=s.loss_type, ref_logp=ref,
+                                                  kl_coef=s.kl_coef, rollout_logp=rollout_logprobs([comps[j] for j in idx], logp),
+                                                  rollout_is_cap=s.rollout_is_cap)
+                        # Weights make the micro-batches sum to the mini-batch's loss.
+                        weight = (float(mask.sum()) / max(batch_tokens, 1) if s.aggregation == "token_mean"
+                                  else len(idx) / len(batch))
+                        (loss * (weight * scale)).backward()
+                        if epoch == s.epochs - 1:
+                            for k, v in stats.items():
+                                acc[k] = acc.get(k, 0.0) + v * weight / steps_per_epoch
                 # The rank's loss is normalized by its own batch: sync weights it by that batch's share.
-                sync_gradients(params, batch_tokens if s.aggregation == "token_mean" else len(batch))
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(
-                    params, float("inf") if s.max_grad_norm is None else s.max_grad_norm))
+                fsdp.sync_replicated(params, share, agreed)
+                grad_norm = fsdp.clip_grad_norm(params, s.max_grad_norm)
                 opt.step()
                 opt.zero_grad(set_to_none=True)  # freed now, not at the next step: the next rollout has the memory
                 n_steps += 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import inspect
 import types
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -106,6 +107,12 @@ def full_model(model, autocast: torch.dtype | None, trainable: bool = True, devi
     model.requires_grad_(trainable)
     model.eval()
     return model
+
+
+def same_optimizer(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """An optimizer of `opt`'s class and settings (no state) over `params`."""
+    accepted = inspect.signature(type(opt).__init__).parameters
+    return type(opt)(params, **{k: v for k, v in opt.defaults.items() if k in accepted})
 
 
 # --------------------------------------------------------------------------------------- agents
@@ -313,6 +320,20 @@ class AgentPolicies:
         for p in params.values():
             p.requires_grad_(True)
         return params
+
+    def model_device(self, model_index: int) -> torch.device:
+        """Where model `model_index` computes: its parameters' device (trainer.placement=devices
+        spreads the models), the run's device for one loaded on the CPU to be sharded."""
+        device = next(self.models[model_index].parameters()).device
+        return self.device if device.type in ("cpu", "meta") else device
+
+    def rebuild_optimizers(self) -> None:
+        """New optimizers (same class and settings, no state yet) over the parameters the models
+        hold now: FSDP replaces a sharded model's parameters with its shards."""
+        for key, opt in self.optimizers.items():
+            if self.full:
+                self._adapter_params[key] = dict(self.models[key[0]].named_parameters())
+            self.optimizers[key] = same_optimizer(opt, self.adapter_parameters(*key))
 
     def adapter_parameters(self, model_index: int, adapter: str) -> list[torch.nn.Parameter]:
         """The LoRA weights of one adapter (made trainable; everything else stays frozen); full

@@ -18,9 +18,10 @@ buffers. Padding positions (after a completion's end) are skipped altogether.
 
 The model is still called through its own forward (peft's, or `models.full_model`'s autocast
 wrapper), so adapters, mixed batches and autocast are as before; the head runs under the
-autocast state the decoder ran under. Models whose logits are not just `head(hidden)` (a final
-logit softcap or scale) and FSDP-sharded models (the head's weights are sharded and gathered by
-the root unit's forward only) keep the full-logits path, which is chunked the same way.
+autocast state the decoder ran under. An FSDP-sharded model keeps its root unit (embeddings,
+final norm, LM head) gathered after its forward pass (fsdp.shard_model), so its head is applied
+the same way. Models whose logits are not just `head(hidden)` (a final logit softcap or scale)
+keep the full-logits path, which is chunked the same way.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from typing import Any, Iterator
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from marl_llm.distributed import fsdp
 
 # Elements of one chunk's [rows, V] logits: rows = LOGIT_CHUNK_ELEMENTS // V (341 rows of
 # SmolLM2's 49k vocabulary, 110 of Qwen's 152k). Measured on SmolLM2's head (CPU, fwd + bwd of
@@ -64,9 +64,10 @@ def _base(model: Any) -> Any:
 def lm_head(model: Any) -> torch.nn.Module | None:
     """The module that turns the decoder's final hidden states into logits (peft's LoRA wrapper
     of it, when the head is an adapter target), or None where the lean path does not apply:
-    an FSDP-sharded model, a model without the usual decoder/head structure, a final logit
-    transform (softcap, scale) the head alone does not reproduce."""
-    if fsdp.is_sharded(model) or model in _UNUSUAL:
+    a model without the usual decoder/head structure, a final logit transform (softcap, scale)
+    the head alone does not reproduce. (An FSDP-sharded model's head is gathered by the model's
+    own forward pass and stays so: fsdp.shard_model.)"""
+    if model in _UNUSUAL:
         return None
     base = _base(model)
     get_head, get_decoder = getattr(base, "get_output_embeddings", None), getattr(base, "get_decoder", None)

@@ -81,15 +81,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state(state["cuda"][device])
 
 
-def save_checkpoint(run_dir: Path, cfg: DictConfig, policies: AgentPolicies, step: int,
-                    wandb_id: str | None, algorithm_state: dict[str, Any] | None = None) -> Path:
-    """algorithm_state: the algorithm's own training state (critics, ...), `Algorithm.state_dict()`."""
-    path = run_dir / CHECKPOINT
-    state = {
+def checkpoint_state(run_dir: Path, cfg: DictConfig, policies: AgentPolicies | None, step: int,
+                     wandb_id: str | None, algorithm_state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a checkpoint holds, as plain data and CPU tensors. policies=None: the policies' weights
+    and optimizer states are kept elsewhere (a sharded checkpoint's own files: sharded_checkpoint.py)."""
+    return {
         "step": step,
-        "adapters": policies.adapter_state(),
-        "weights": policies.kind,  # "lora" | "full" (algo.lora=null)
-        "optimizers": policies.optimizer_state(),
+        "adapters": policies.adapter_state() if policies is not None else None,
+        "weights": policies.kind if policies is not None else None,  # "lora" | "full" (algo.lora=null)
+        "optimizers": policies.optimizer_state() if policies is not None else None,
         "algorithm": algorithm_state or {},
         "rng": rng_state(),
         "config": OmegaConf.to_container(cfg, resolve=True),
@@ -98,6 +98,13 @@ def save_checkpoint(run_dir: Path, cfg: DictConfig, policies: AgentPolicies, ste
         # steps it repeats are not logged twice.
         "log_bytes": {name: (run_dir / name).stat().st_size if (run_dir / name).exists() else 0 for name in LOGS},
     }
+
+
+def save_checkpoint(run_dir: Path, cfg: DictConfig, policies: AgentPolicies, step: int,
+                    wandb_id: str | None, algorithm_state: dict[str, Any] | None = None) -> Path:
+    """algorithm_state: the algorithm's own training state (critics, ...), `Algorithm.state_dict()`."""
+    path = run_dir / CHECKPOINT
+    state = checkpoint_state(run_dir, cfg, policies, step, wandb_id, algorithm_state)
 
     sha256 = []
 
@@ -177,14 +184,15 @@ def restore_checkpoint(run_dir: Path, ckpt: dict[str, Any], policies: AgentPolic
     checkpoint that read_checkpoint returned, and cut the local logs back to its step."""
     path = ckpt["path"]
     kind = ckpt.get("weights", "lora")  # checkpoints from before full fine-tuning hold adapters
-    if kind != policies.kind:
+    if kind is not None and kind != policies.kind:  # None: a sharded checkpoint (checked there)
         have, want = ("full weights (algo.lora=null)", "LoRA adapters") if kind == "full" else \
             ("LoRA adapters", "full weights (algo.lora=null)")
         raise UserError(f"{path} holds {have} but this config trains {want}; resume with the config the run was "
                         "started with, or start a new run dir (hydra.run.dir=...)")
     try:
-        policies.load_adapter_state(ckpt["adapters"])
-        policies.load_optimizer_state(ckpt["optimizers"])
+        if ckpt["adapters"] is not None:  # None: restored from a sharded checkpoint's own files
+            policies.load_adapter_state(ckpt["adapters"])
+            policies.load_optimizer_state(ckpt["optimizers"])
         if algorithm is not None:
             algorithm.load_state_dict(ckpt.get("algorithm", {}))
     except (KeyError, RuntimeError, ValueError) as err:
@@ -212,7 +220,7 @@ def load_checkpoint(run_dir: Path, policies: AgentPolicies, algorithm: Any = Non
 # loss). Everything else (seed, learning rate, G, model, task, algorithm, ...) is refused unless
 # allowed: a resumed run's restored optimizer and data order belong to the checkpoint's settings.
 FREE_ON_RESUME = (
-    "run_dir", "logger", "cluster",
+    "run_dir", "logger", "cluster", "plan",
     "trainer.max_steps",  # a longer (or shorter) run; with a non-constant LR schedule it is not free
     "trainer.resume", "trainer.resume_allow_changes", "trainer.save_every", "trainer.summary_file",
     "trainer.eval_every", "trainer.eval_protocol", "trainer.eval_interval", "trainer.eval_before", "trainer.eval_after", "trainer.eval_max_problems",
@@ -220,7 +228,8 @@ FREE_ON_RESUME = (
     "trainer.sequences_per_generate", "trainer.completions_per_micro_batch", "trainer.decode",
     "trainer.compile_decode", "trainer.gradient_checkpointing", "trainer.deterministic", "trainer.peak_tflops",
     "trainer.distributed_timeout_min", "trainer.vllm_gpu_memory_utilization", "trainer.vllm_sleep", "trainer.fsdp",
-    "trainer.fsdp_unshard_rollout",
+    "trainer.fsdp_unshard_rollout", "trainer.placement", "trainer.placement_groups", "trainer.placement_devices",
+    "trainer.work_split",  # the same steps, spread otherwise (a sharded checkpoint reshards)
     "model.device", "model.attn_implementation",
     "model.name",  # a label (runs from before model=local was named after its checkpoint dir)
     "trainer.export_agents", "trainer.export_with_checkpoints",  # what is written at the end, not how it trains

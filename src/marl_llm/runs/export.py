@@ -69,9 +69,11 @@ def policy_dirs(policies: AgentPolicies) -> dict[tuple[int, str], str]:
     return names
 
 
-def export_agents(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int, target: Path | None = None) -> Path:
+def export_agents(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int, target: Path | None = None,
+                  whole: dict[int, dict[str, torch.Tensor] | Path] | None = None) -> Path:
     """Write every trained policy to <run_dir>/agents/ (or `target`), replacing an earlier export
-    atomically; returns that directory."""
+    atomically; returns that directory. `whole`: by model index, the state dicts of FSDP-sharded full
+    models, gathered (fsdp.whole_policies), or the directory another rank wrote one to."""
     run_dir = Path(run_dir)
     target = run_dir / AGENTS_DIR if target is None else Path(target)
     parent = target.parent
@@ -84,8 +86,11 @@ def export_agents(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int, t
         state = None if policies.full else policies.adapter_state()
         for (k, adapter), name in dirs.items():
             agent_dir = tmp / name
-            if policies.full:
-                policies.models[k].save_pretrained(agent_dir)
+            staged = (whole or {}).get(k)
+            if isinstance(staged, Path):  # written by the first rank of its group (placement=groups)
+                os.rename(staged, agent_dir)
+            elif policies.full:
+                policies.models[k].save_pretrained(agent_dir, state_dict=staged)
             else:
                 _save_adapter(policies, k, adapter, state[f"{k}/{adapter}"], agent_dir)
             policies.tokenizers[k].save_pretrained(agent_dir)
@@ -128,10 +133,11 @@ def history_dirs(run_dir: Path) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
-def export_history(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int, keep: int | None) -> Path:
+def export_history(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int, keep: int | None,
+                   whole: dict[int, dict[str, torch.Tensor] | Path] | None = None) -> Path:
     """The agents of `step` as <run_dir>/checkpoints/checkpoint-<step>/ (atomically, as agents/),
     then only the `keep` newest of the history left (None: all); returns the new directory."""
-    target = export_agents(run_dir, cfg, policies, step, Path(run_dir) / HISTORY_DIR / f"checkpoint-{step}")
+    target = export_agents(run_dir, cfg, policies, step, Path(run_dir) / HISTORY_DIR / f"checkpoint-{step}", whole)
     kept = history_dirs(run_dir)
     for old_step in list(kept)[: max(len(kept) - keep, 0)] if keep else []:
         shutil.rmtree(_set_aside(kept[old_step]), ignore_errors=True)

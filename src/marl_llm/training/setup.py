@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import random
 import warnings
@@ -21,7 +22,7 @@ from marl_llm.algos import algorithm_class, build_algorithm
 from marl_llm.algos.update import lr_schedulers
 from marl_llm.config import UserError
 from marl_llm.distributed import data_parallel as distributed
-from marl_llm.distributed import fsdp
+from marl_llm.distributed import fsdp, memory_plan, placement
 from marl_llm.models.loading import check_device_for_ranks, resolve_device, resolve_dtype
 from marl_llm.models.policies import AgentPolicies, check_trainable_dtype
 from marl_llm.rollout.base import Rollout
@@ -110,6 +111,7 @@ class Setup:
     eval_set: list[Problem]
     max_steps: int
     sharding: str | None = None  # what FSDP left on each rank (trainer.fsdp), to print
+    placed: str | None = None  # where the policies are (trainer.placement), to print
     # algo.lr_scheduler, stepped once per trainer step (train() rebuilds them after a resume).
     schedulers: list = dataclasses.field(default_factory=list)
     # Synchronized step timers, model FLOPs and MFU, peak GPU memory (perf.py).
@@ -140,11 +142,17 @@ def build(cfg: DictConfig, task: Any = None) -> Setup:
     evaluates = tc.eval_before or tc.eval_after or tc.eval_every > 0 or max_steps == 0
     eval_set = task.load_split("eval")[: tc.eval_max_problems or None] if evaluates else []
     fsdp.check_supported(cfg)
+    w = distributed.world()
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    placement.check(cfg, w.size, placement.policy_count(task.agent_names, cfg.algo), visible)
+    show_memory_plan(cfg, task.agent_names, w, resolve_device(cfg.model.device))
     if max_steps > 0:
         check_trainable_dtype(resolve_dtype(cfg.model.dtype, resolve_device(cfg.model.device)))
-    sharded = tc.fsdp and distributed.world().size > 1
+    sharded = tc.fsdp and w.size > 1
     policies = AgentPolicies(task.agent_names, cfg.model, cfg.algo, cfg.seed, load_on_cpu=sharded)
     check_context(cfg, policies)
+    where = placement.setup(cfg, policies)
+    placed = placement.place_models(policies, where)
     if tc.rollout == "vllm":
         from marl_llm.rollout.vllm import VLLMRollout
 
@@ -157,16 +165,34 @@ def build(cfg: DictConfig, task: Any = None) -> Setup:
     meter = perf.Meter(policies.device, perf.peak_tflops(policies.device, policies.dtype, tc.peak_tflops))
     # Generation timed apart from reward scoring, its FLOPs counted from the completions' lengths.
     rollout = perf.MeteredRollout(rollout, meter, policies)
+    if where.by_actions:  # the ranks share every generate call (trainer.work_split)
+        rollout = placement.SplitRollout(rollout, policies, where)
     algo = build_algorithm(cfg.algo, task, policies, rollout, tc.completions_per_micro_batch)
     # After the algorithm: a separate critic is a trained model too.
     base_params = sum(q.numel() for q in policies.models[0].get_base_model().parameters())
     if gradient_checkpointing(tc.gradient_checkpointing, policies.device, base_params):
         policies.enable_gradient_checkpointing(algo.extra_models())
     # After the algorithm: its critics add adapters, and FSDP fixes the parameters it manages.
-    sharding = fsdp.shard_policies(policies) if sharded else None
+    sharding = None
+    if sharded:
+        sharding = fsdp.shard_policies(policies, algo.extra_models(), placement.meshes(policies, where),
+                                       rounds=not tc.fsdp_unshard_rollout)
+        algo.parameters_replaced()
     schedulers = lr_schedulers(list(policies.optimizers.values()), cfg.algo, max_steps)
     meter.watch([*policies.models, *policies.references, *algo.extra_models()])  # every pass of every model
-    return Setup(task, policies, rollout, algo, train_set, eval_set, max_steps, sharding, schedulers, meter)
+    return Setup(task, policies, rollout, algo, train_set, eval_set, max_steps, sharding, placed, schedulers, meter)
+
+
+def show_memory_plan(cfg: DictConfig, agent_names: tuple[str, ...], w: distributed.World,
+                     device: torch.device) -> None:
+    """Print the run's memory plan (rank 0) before any model loads; stop when it does not fit
+    (plan.check)."""
+    plan = memory_plan.for_run(cfg, tuple(agent_names), w.size, device)
+    if w.is_main:
+        for line in [plan] if isinstance(plan, str) else plan.lines():
+            logging.getLogger("marl_llm").info(line)
+    if not isinstance(plan, str) and plan.fits is False and OmegaConf.select(cfg, "plan.check", default=True):
+        raise UserError(memory_plan.refusal(plan))
 
 
 def check_context(cfg: DictConfig, policies: AgentPolicies) -> None:
@@ -188,8 +214,4 @@ def join_world(cfg: DictConfig) -> distributed.World:
     """Join the launcher's data-parallel group (torchrun, accelerate launch, SLURM tasks), if any."""
     check_device_for_ranks(cfg.model.device, distributed.launched_world_size())
     cpu = cfg.model.device == "cpu" or not torch.cuda.is_available()
-    w = distributed.init(cfg.trainer.distributed_timeout_min, cpu=cpu)
-    if w.size > 1 and cfg.trainer.prompts_per_step % w.size:
-        raise UserError(f"trainer.prompts_per_step={cfg.trainer.prompts_per_step} does not split over {w.size} "
-                        f"processes: use a multiple of {w.size} (each rank rolls out its own share of the problems)")
-    return w
+    return distributed.init(cfg.trainer.distributed_timeout_min, cpu=cpu)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -29,14 +30,16 @@ from marl_llm.algos.update import lr_schedulers
 from marl_llm.config import UserError
 from marl_llm.configure import check_run_does_something, validate
 from marl_llm.distributed import data_parallel as distributed
-from marl_llm.distributed import fsdp
+from marl_llm.distributed import fsdp, placement
 from marl_llm.rollout.base import PROGRESS
 from marl_llm.runs import rundir
 from marl_llm.runs.atomic import atomic_write_text
-from marl_llm.runs.checkpoint import check_resume_config, read_checkpoint, restore_checkpoint, save_checkpoint
+from marl_llm.runs.checkpoint import check_resume_config, save_checkpoint
 from marl_llm.runs.export import export_agents, export_history
 from marl_llm.runs.loggers import NullLogger, RunLogger
 from marl_llm.runs.rundir import Progress, interrupted_line, resume_mode
+from marl_llm.runs.sharded_checkpoint import is_sharded_run, read_any_checkpoint, restore_any_checkpoint, \
+    save_sharded_checkpoint
 from marl_llm.runs.summary import first_train_reward, held_out_line, logged_eval, write_summary
 from marl_llm.tasks import Problem
 from marl_llm.training.console import Watch, console_logging, format_metrics, step_line
@@ -71,9 +74,10 @@ def train_step(run: Setup, cfg: DictConfig, step: int,
     system the same prompts)."""
     policies, algo = run.policies, run.algo
     t0 = run.meter.start_step()  # synchronized clock (CUDA); resets the peak-memory statistic
+    by_actions = placement.current().by_actions  # every rank holds every problem (trainer.work_split)
     if problems is None:
-        problems = distributed.shard(batch_for_step(run.train_set, step, cfg.trainer.prompts_per_step, cfg.seed,
-                                                    cfg.trainer.data_order))
+        problems = batch_for_step(run.train_set, step, cfg.trainer.prompts_per_step, cfg.seed, cfg.trainer.data_order)
+        problems = problems if by_actions else distributed.shard(problems)
     PROGRESS.debug("phase", extra={"phase": "rollout"})  # the console's progress (Watch)
     with fsdp.unsharded(policies, cfg.trainer.fsdp_unshard_rollout):  # every rank collects once per step
         tree = algo.collect(problems)
@@ -90,7 +94,8 @@ def train_step(run: Setup, cfg: DictConfig, step: int,
     run.rollout.update_weights()
     t_end = run.meter.mark("update")
 
-    metrics = algo.rollout_metrics(tree)
+    # Sharing the joint actions, every rank has the whole tree: rank 0 alone reports its metrics.
+    metrics = algo.rollout_metrics(tree) if not by_actions or distributed.world().is_main else {}
     metrics.update(stats)
     metrics.update(_agent_means(stats, [policies.policy_label(k) for k in policies.trainable_adapters()]))
     metrics["step_time"] = t_end - t0
@@ -147,7 +152,7 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
     # refused resume costs seconds. Every rank reads it.
     ckpt, changes = None, {}
     if resume != "off":
-        ckpt = read_checkpoint(run_dir, main=w.is_main)
+        ckpt = read_any_checkpoint(run_dir, main=w.is_main)
         if ckpt is None and resume == "on":
             raise UserError(f"nothing to resume in {run_dir}: it has no {rundir.CHECKPOINT} or {rundir.PREVIOUS} (the "
                             "run stopped before its first checkpoint, or they were removed); start it over there with "
@@ -187,7 +192,7 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
     algo_cls = type(algo)
     start_step, wandb_id = 0, None
     if ckpt is not None:
-        restore_checkpoint(run_dir, ckpt, policies, algo, main=w.is_main)
+        restore_any_checkpoint(run_dir, ckpt, policies, algo, main=w.is_main)
         start_step, wandb_id = ckpt["step"], ckpt["wandb_id"]
         run.schedulers = lr_schedulers(list(policies.optimizers.values()), cfg.algo, max_steps, start_step)
         if w.is_main:
@@ -197,7 +202,8 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
             + (f" (changed: {', '.join(k for k in changes if k != 'trainer.resume')})"
                if set(changes) - {"trainer.resume"} else ""))
         del ckpt  # its tensors are in the policies now
-    distributed.broadcast_parameters(policies.trainable_parameters())
+    distributed.broadcast_parameters(fsdp.replicated(policies.trainable_parameters()))  # shards: loaded alike
+    sharded_checkpoints = is_sharded_run(policies, algo)
     logger = RunLogger(cfg, run_dir, wandb_id) if w.is_main else NullLogger()
     progress.started = True  # it logs from here on: a failure or Ctrl-C leaves a run to continue
     summary: dict[str, Any] = {"before": None, "after": None, "eval_problems": len(eval_set),
@@ -208,6 +214,11 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
         f"({policies.device}, {policies.dtype}, torch threads: {torch.get_num_threads()}"
         + (f" [{threads.why}]" if threads.why else "") + f"); run dir {run_dir}"
         + (f"; {w.size} data-parallel processes" if w.size > 1 else ""))
+    by_actions = placement.current().by_actions
+    if by_actions:
+        say(f"the {w.size} ranks share each step's joint actions (trainer.work_split=joint_actions)")
+    if run.placed:
+        say(run.placed)
     if run.sharding:
         say(run.sharding)
     elif tc.fsdp:
@@ -217,10 +228,13 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
         say(f"algo={cfg.algo.name} is a prompt-only baseline: evaluation only, no training steps")
 
     def run_eval(step: int) -> dict[str, float] | None:
-        """Rank 0 evaluates (the other ranks wait for it)."""
+        """Rank 0 evaluates (the other ranks wait for it); sharing joint actions, every rank
+        takes its share of every generate call and rank 0 logs."""
         metrics = None
         # Every rank gathers the sharded base (a collective); rank 0 then decodes without rounds.
         with fsdp.unsharded(policies, tc.fsdp_unshard_rollout):
+            if by_actions and not w.is_main:
+                evaluate(algo, eval_set, tc)
             if w.is_main:
                 watch.begin(f"eval @ step {step}")
                 metrics, rows = evaluate(algo, eval_set, tc)
@@ -233,16 +247,24 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
         return metrics
 
     def checkpoint(step: int, final: bool = False) -> None:
-        """Rank 0 saves (the ranks' states are equal); the others wait, so none runs ahead. The
-        final save (each save with trainer.export_with_checkpoints) also exports the agents."""
-        if w.is_main:
+        """Rank 0 saves (the ranks' states are equal), or with sharded trained weights every rank
+        its shards; the others wait, so none runs ahead. The final save (each save with
+        trainer.export_with_checkpoints) also exports the agents, gathered whole on rank 0."""
+        if sharded_checkpoints:
+            path = save_sharded_checkpoint(run_dir, cfg, policies, step, logger.wandb_id, algo)
+        elif w.is_main:
             path = save_checkpoint(run_dir, cfg, policies, step, logger.wandb_id, algo.state_dict())
+        if w.is_main:
             progress.checkpoint = (step, str(path))
-            if (final and tc.export_agents) or tc.export_with_checkpoints:
+        if (final and tc.export_agents) or tc.export_with_checkpoints:
+            whole = fsdp.whole_policies(policies, run_dir / ".staged-agents")  # a collective when sharded
+            if w.is_main:
                 try:  # a full disk must not cost the run its evaluation: the checkpoint holds the agents
-                    say(f"agents of step {step} written to {export_agents(run_dir, cfg, policies, step)}")
+                    say(f"agents of step {step} written to {export_agents(run_dir, cfg, policies, step, whole=whole)}")
                 except OSError as err:
                     say(f"warning: the agents of step {step} were not exported ({err}); the checkpoint holds them")
+                shutil.rmtree(run_dir / ".staged-agents", ignore_errors=True)  # placement=groups' leftovers
+            del whole
         distributed.barrier()
 
     # trainer.eval_protocol=paper: the reference's schedule (before every eval_interval-th batch of
@@ -253,12 +275,17 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
         return paper_eval and paper_eval_due(step, tc.prompts_per_step, len(train_set), tc.eval_interval)
 
     def keep_agents(step: int) -> None:
-        """trainer.history_every: rank 0 adds the agents of `step` to <run_dir>/checkpoints/."""
+        """trainer.history_every: rank 0 adds the agents of `step` (gathered whole, as for the
+        export) to <run_dir>/checkpoints/."""
+        whole = fsdp.whole_policies(policies, run_dir / ".staged-agents")  # a collective when sharded
         if w.is_main:
             try:
-                say(f"agents of step {step} kept as {export_history(run_dir, cfg, policies, step, tc.history_keep)}")
+                kept = export_history(run_dir, cfg, policies, step, tc.history_keep, whole=whole)
+                say(f"agents of step {step} kept as {kept}")
             except OSError as err:
                 say(f"warning: the agents of step {step} were not kept ({err})")
+            shutil.rmtree(run_dir / ".staged-agents", ignore_errors=True)
+        del whole
         distributed.barrier()
 
     exit_code = 1

@@ -1,0 +1,63 @@
+"""The `marl-llm-plan` console script: the memory plan of a config before launch, per GPU.
+
+    marl-llm-plan experiment=at_grpo_sokoban_qwen3_8b_paper                 # the GPUs the preset states
+    marl-llm-plan experiment=magrpo_humaneval_paper plan.gpus=8 plan.gpu_gib=80 trainer.fsdp=true
+    marl-llm-plan algo=collm_cc task=tldr model=qwen3_1_7b plan.gpus=1 plan.gpu_gib=24
+
+The overrides are marl-llm's (the same config, composed and checked the same way); `plan.gpus`
+GPUs (default 1) of `plan.gpu_gib` GiB (default 80) are planned for, computing on CUDA (bf16,
+fused AdamW), as the run there would. Prints the peak per GPU, term by term (distributed/memory_plan.py),
+whether it fits and, if not, what to change; exits 1 when it does not fit, 2 on bad input. Loads
+no weights: the model's config alone (a preset model's published shapes offline).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from omegaconf import OmegaConf, open_dict
+
+from marl_llm.config import UserError
+
+DEFAULT_GPUS = 1
+DEFAULT_GPU_GIB = 80.0
+
+
+def plan_lines(overrides: list[str]) -> tuple[list[str], bool]:
+    """(the plan's lines, whether it fits) for marl-llm's `overrides`."""
+    from marl_llm.algos import algorithm_class
+    from marl_llm.configure import compose_config, validate
+    from marl_llm.distributed import memory_plan, placement
+    from marl_llm.tasks import build_task
+
+    cfg = compose_config(overrides)
+    with open_dict(cfg):
+        cfg.run_dir = "/nonexistent/marl-llm-plan"  # validated, never made
+    validate(cfg)
+    gpus = int(OmegaConf.select(cfg, "plan.gpus", default=None) or DEFAULT_GPUS)
+    gib = float(OmegaConf.select(cfg, "plan.gpu_gib", default=None) or DEFAULT_GPU_GIB)
+    task = algorithm_class(cfg.algo.name).task_view(build_task(cfg.task), cfg.algo)
+    placement.check(cfg, gpus if cfg.trainer.placement != "devices" else 1,
+                    placement.policy_count(task.agent_names, cfg.algo), gpus)
+    plan = memory_plan.for_config(cfg, tuple(task.agent_names), gpus, int(gib * memory_plan.GiB), "cuda")
+    return plan.lines(), bool(plan.fits)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip())
+        return
+    from hydra.errors import HydraException
+
+    try:
+        lines, fits = plan_lines(argv)
+    except (UserError, HydraException) as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
+    print("\n".join(lines))
+    sys.exit(0 if fits else 1)
+
+
+if __name__ == "__main__":
+    main()
