@@ -101,11 +101,13 @@ def test_gradient_checkpointing_auto_is_for_large_bases_on_cuda():
 
 
 def test_gradient_checkpointing_is_auto_by_default_so_the_8b_presets_get_it_on_cuda():
-    for overrides in ([], ["experiment=at_grpo_plan_path_qwen3_8b_paper"], ["experiment=at_grpo_sokoban_qwen3_8b_paper"]):
-        cfg = compose_config([*overrides, "run_dir=/tmp/x"])
-        assert cfg.trainer.gradient_checkpointing == "auto", overrides
+    assert compose_config(["run_dir=/tmp/x"]).trainer.gradient_checkpointing == "auto"
     assert gradient_checkpointing("auto", torch.device("cuda"), int(8.2e9))  # Qwen3-8B's parameters
     assert not gradient_checkpointing("auto", torch.device("cpu"), int(8.2e9))
+    # The 8B presets get it on CUDA without trainer=gpu (they set it outright: their memory plan counts on it).
+    for preset in ("at_grpo_plan_path_qwen3_8b_paper", "at_grpo_sokoban_qwen3_8b_paper"):
+        setting = compose_config([f"experiment={preset}", "run_dir=/tmp/x"]).trainer.gradient_checkpointing
+        assert setting in ("auto", True) and gradient_checkpointing(setting, torch.device("cuda"), int(8.2e9)), preset
 
 
 def test_gpu_trainer_preset_sizes_for_a_gpu_and_yields_to_a_paper_preset():

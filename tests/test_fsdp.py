@@ -336,16 +336,17 @@ COUNT_SCRIPT = textwrap.dedent("""
     def grads(policies):
         runs = (3 if r == 0 else 4 if miscount else 1)
         announced = 3 if r == 0 else 1
+        mark = calls["all_reduce"]
         with policies.acting(0) as m, fsdp.passes(m, announced, grad=True) as agreed:
             for i in range(runs):
                 logits = m(input_ids=torch.tensor([[5 + i, 6, 7 + r]])).logits
                 logits.float().logsumexp(-1).sum().backward()
+        phase = calls["all_reduce"] - mark  # the phase's own, before the gradient sync's
         params = policies.adapter_parameters(0, "agent_aux")
         distributed.sync_gradients(params, 1.0)
-        return torch.cat([p.grad.flatten() for p in params]), agreed
-    mark = calls["all_reduce"]
-    g, agreed = grads(sharded)
-    out["phase_all_reduces"] = calls["all_reduce"] - mark - 1  # less the gradient sync's own
+        return torch.cat([p.grad.flatten() for p in params]), agreed, phase
+    g, agreed, phase = grads(sharded)
+    out["phase_all_reduces"] = phase
     out["agreed"] = agreed.passes
     out["counts"] = agreed.counts
     out["grad_max_diff"] = float((g - grads(whole)[0]).abs().max())
@@ -420,7 +421,7 @@ FULL_SCRIPT = textwrap.dedent("""
     out["chunked_head"] = scoring.lm_head(sharded.models[1]) is not None and sharded.models[1] not in scoring._UNUSUAL
     got = fsdp.full_state_dict(sharded.models[1])  # whole on rank 0
     # One process with every rank's samples (this rank alone, as a world of one).
-    distributed._WORLD = distributed.World()
+    distributed.set_world(distributed.World())
     whole = full_policies()
     before = {k: v.clone() for k, v in whole.models[1].state_dict().items()}
     comps = [c for q in range(n) for c in samples(q)[0]]
@@ -434,7 +435,7 @@ FULL_SCRIPT = textwrap.dedent("""
         out["norms"] = [norms, single]
     with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
         json.dump(out, f)
-    distributed._WORLD = w
+    distributed.set_world(w)
     distributed.shutdown()
 """)
 

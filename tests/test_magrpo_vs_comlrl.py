@@ -324,8 +324,11 @@ def test_padded_row_gradient_is_comlrls(tiny_model_dir):
     def marl_update(samples):
         policies = full_policies(tiny_model_dir)
         key = policies.trainable_adapters()[0]
+        names = {id(p): n for n, p in policies.models[0].named_parameters()}
+        grads = {}  # as the optimizer step saw them (the update frees them right after)
+        policies.optimizers[key].register_step_pre_hook(lambda opt, *_: grads.update(
+            {names[id(p)]: p.grad.clone() for g in opt.param_groups for p in g["params"] if p.grad is not None}))
         stats = policy_update(policies, 0, key, samples, torch.tensor(advs), settings, 8)
-        grads = {n: p.grad for n, p in policies.models[0].named_parameters() if p.grad is not None}
         return stats, grads
 
     stats, grads = marl_update(padded_rows(comps, tok.pad_token_id))

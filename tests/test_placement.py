@@ -153,10 +153,10 @@ def test_a_split_rollout_gives_each_rank_its_share_of_the_requests_of_each_polic
     items = list(range(7))
     shares = {}
     for rank in range(5):
-        distributed._WORLD = distributed.World(rank, 5)
+        distributed.set_world(distributed.World(rank, 5))
         try:
             shares[rank] = (placement.share(items, (0, "agent_a")), placement.share(items, (1, "agent_b")))
         finally:
-            distributed._WORLD = distributed.World()
+            distributed.set_world(distributed.World())
     assert [shares[r][0] for r in range(5)] == [[0, 1, 2], [3, 4, 5, 6], [], [], []]
     assert [shares[r][1] for r in range(5)] == [[], [], [0, 1], [2, 3], [4, 5, 6]]

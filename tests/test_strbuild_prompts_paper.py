@@ -184,6 +184,7 @@ def test_prompt_data_ships_in_the_package():
     from marl_llm.tasks.strbuild import PAPER_PROMPTS, paper_prompts
 
     repo = Path(__file__).resolve().parents[1]
-    globs = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["marl_llm.tasks"]
+    pkg_data = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    globs = pkg_data.get("marl_llm.tasks", []) + pkg_data.get("*", [])  # its own globs or every package's
     assert any(fnmatch.fnmatch(PAPER_PROMPTS, g) for g in globs)
     assert paper_prompts()["system"].startswith("You are a Minecraft building agent.")

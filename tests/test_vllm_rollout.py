@@ -428,7 +428,7 @@ def test_several_processes_run_one_engine_each_through_the_external_launcher(tin
     refused in one line."""
     import os
 
-    from marl_llm.distributed import data_parallel as distributed
+    from marl_llm.distributed import world as distributed  # the process's place (rank, size)
 
     names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "VLLM_ENABLE_V1_MULTIPROCESSING")
     before = {name: os.environ.get(name) for name in names}

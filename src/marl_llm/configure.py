@@ -21,7 +21,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from marl_llm.config import SHARED_SCHEMAS, RootConfig, UserError, check_agent_sampling, check_choice, check_shared
+from marl_llm.config import SHARED_SCHEMAS, RootConfig, UserError, check_choice
+from marl_llm.config_checks import check_agent_sampling, check_shared
 from marl_llm.config_keys import chosen_schemas, walk_key
 from marl_llm.plugins import load_plugins
 from marl_llm.registry import SCHEMAS
