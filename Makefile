@@ -34,8 +34,14 @@ run: setup
 # reassociated as on another CPU: AMD with MKL, AVX2 instead of AVX-512), so a tolerance that only
 # holds on the CI's own CPU fails here too (docs/development.md#numerics-on-other-cpus).
 NUMERICS_ENV ?= MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default
+# The suite on PYTEST_WORKERS processes, a file per worker at a time (pytest-xdist): run one after
+# another, half its tests wait on a console script's start, a sandboxed program or a rank, and one
+# core sat idle. The `exclusive` tests (gloo ranks on torchrun's fixed port, wall-clock limits,
+# cgroup CPU shares) then run alone. `pytest -q` alone runs everything in one process.
+PYTEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not exclusive"
+	$(PY) -m pytest -q -p no:cacheprovider -m exclusive
 	$(NUMERICS_ENV) $(PY) -m pytest -q -p no:cacheprovider -m numerics
 	$(PY) scripts/check_wheel.py --torch "$(TORCH)"
 

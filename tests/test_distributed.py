@@ -23,6 +23,10 @@ import torch
 from conftest import VENV_BIN
 from test_trainer import adapters, metrics
 
+# Runs alone in `make test` (after the parallel part): gloo ranks of its own (torchrun's fixed port).
+pytestmark = pytest.mark.exclusive
+
+
 ATOL = 1e-4
 STEPS = 2
 

@@ -19,6 +19,10 @@ import pytest
 from conftest import VENV_BIN, compose_config
 from test_distributed import env
 
+# Runs alone in `make test` (after the parallel part): gloo ranks of its own (torchrun's fixed port) and collective timeouts.
+pytestmark = pytest.mark.exclusive
+
+
 LOCKSTEP_SCRIPT = textwrap.dedent("""
     import json, sys
     import torch

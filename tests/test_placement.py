@@ -16,6 +16,10 @@ from test_distributed import env
 from test_sharded_training import agents, worst
 from test_trainer import adapters, metrics
 
+# Runs alone in `make test` (after the parallel part): gloo ranks of its own (torchrun's fixed port).
+pytestmark = pytest.mark.exclusive
+
+
 LORA_ATOL = 1e-4  # as test_distributed.py: LoRA adapters under Adam, halves summed in another order
 FULL_ATOL = 1e-5
 

@@ -22,6 +22,10 @@ from marl_llm.sandbox import (
     run_tests_many,
 )
 
+# Runs alone in `make test` (after the parallel part): wall-clock limits and cgroup CPU shares measured.
+pytestmark = pytest.mark.exclusive
+
+
 FAST = SandboxLimits(timeout_s=0.5, memory_mb=512)
 IS_ROOT = os.geteuid() == 0
 

@@ -34,6 +34,10 @@ from marl_llm.sandbox import zygote as zygote_module
 from marl_llm.sandbox.confinement import namespaces_gaps, process_mode_losses, require_isolation
 from marl_llm.sandbox.zygote import zygote
 
+# Runs alone in `make test` (after the parallel part): wall-clock limits, starvation and cgroup CPU shares measured.
+pytestmark = pytest.mark.exclusive
+
+
 PROBLEM = "HumanEval/0"
 LIMITS = SandboxLimits(timeout_s=3.0, memory_mb=512, tmp_mb=16, tmp_inodes=1000)
 MARK = f"marlatk{os.getpid() % 100000}"  # <= 15 chars: also a process name (comm)

@@ -19,7 +19,8 @@ from conftest import VENV_BIN
 from test_distributed import env
 from test_trainer import metrics
 
-pytestmark = pytest.mark.slow
+# Runs alone in `make test` (after the parallel part): gloo ranks of its own (torchrun's fixed port).
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 ATOL = 1e-5
 
 

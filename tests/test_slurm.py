@@ -18,6 +18,10 @@ from conftest import REPO, VENV_BIN
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the `slurm` extra is not installed")
 
+# Runs alone in `make test` (after the parallel part): submitit's local jobs and their ranks.
+pytestmark = pytest.mark.exclusive
+
+
 CLI = str(VENV_BIN / "marl-llm")
 SLURM_TARGET = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
 LOCAL_TARGET = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
