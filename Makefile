@@ -36,13 +36,13 @@ run: setup
 NUMERICS_ENV ?= MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default
 # The suite on PYTEST_WORKERS processes, a file per worker at a time (pytest-xdist): run one after
 # another, half its tests wait on a console script's start, a sandboxed program or a rank, and one
-# core sat idle. The `exclusive` tests (gloo ranks on torchrun's fixed port, wall-clock limits,
-# cgroup CPU shares) then run alone. `pytest -q` alone runs everything in one process.
+# core sat idle. The `exclusive` tests (wall-clock limits, cgroup CPU shares, short collective
+# timeouts) then run alone. `pytest -q` alone runs everything in one process.
 PYTEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not exclusive"
 	$(PY) -m pytest -q -p no:cacheprovider -m exclusive
-	$(NUMERICS_ENV) $(PY) -m pytest -q -p no:cacheprovider -m numerics
+	$(NUMERICS_ENV) $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) -m numerics
 	$(PY) scripts/check_wheel.py --torch "$(TORCH)"
 
 # The package as a user installs it: the wheel (no setuptools warnings, its LICENSE, never the

@@ -24,6 +24,19 @@ os.environ.setdefault("WANDB_SILENT", "true")
 TEST_DEVICE = os.environ.get("MARL_LLM_TEST_DEVICE", "cpu")
 
 
+def rank_port() -> int:
+    """The rendezvous port of the gloo ranks a test starts: one per pytest-xdist worker (gw0, gw1, ...),
+    so ranks of tests that run at the same time on two workers never meet. torchrun's own default,
+    29500, is every run's."""
+    return 29500 + 10 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+
+
+def torchrun(ranks: int, *target: str) -> list[str]:
+    """The command that runs `target` (a script and its arguments, or `-m marl_llm` and overrides) on
+    `ranks` gloo ranks under torchrun, on this worker's port (rank_port)."""
+    return [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(ranks), "--master_port", str(rank_port()), *target]
+
+
 def build_tiny_model(path: Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM

@@ -20,12 +20,8 @@ import textwrap
 import pytest
 import torch
 
-from conftest import VENV_BIN
+from conftest import VENV_BIN, rank_port, torchrun
 from test_trainer import adapters, metrics
-
-# Runs alone in `make test` (after the parallel part): gloo ranks of its own (torchrun's fixed port).
-pytestmark = pytest.mark.exclusive
-
 
 ATOL = 1e-4
 STEPS = 2
@@ -50,15 +46,16 @@ SETTINGS = {
     "collm_cc": ["algo=collm_cc", "task=tldr", "algo.num_turns=1"],
 }
 LAUNCHERS = {
-    "torchrun": ["torchrun", "--nproc_per_node", "2", "-m", "marl_llm"],
+    "torchrun": lambda: torchrun(2, "-m", "marl_llm"),
     # --multi_gpu is accelerate's torchrun-style launcher; on a CPU machine its ranks use gloo.
-    "accelerate": ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                   "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "marl_llm"],
+    "accelerate": lambda: [str(VENV_BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
+                           "--num_machines", "1", "--main_process_port", str(rank_port()), "--mixed_precision", "no",
+                           "--dynamo_backend", "no", "-m", "marl_llm"],
 }
 
 
 def launch(launcher, args, cwd):
-    cmd = [str(VENV_BIN / LAUNCHERS[launcher][0]), *LAUNCHERS[launcher][1:], *args]
+    cmd = [*LAUNCHERS[launcher](), *args]
     return subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=600)
 
 
@@ -170,7 +167,7 @@ def run_on_two_ranks(script_text: str, tmp_path) -> list[dict]:
     """Run a script under torchrun with 2 processes; each writes <tmp_path>/rank<r>.json."""
     script = tmp_path / "script.py"
     script.write_text(script_text)
-    out = subprocess.run([str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", str(script), str(tmp_path)], env=env(),
+    out = subprocess.run(torchrun(2, str(script), str(tmp_path)), env=env(),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]

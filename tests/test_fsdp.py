@@ -16,12 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import VENV_BIN, compose_config
+from conftest import VENV_BIN, compose_config, torchrun
 from test_distributed import env
-
-# Runs alone in `make test` (after the parallel part): gloo ranks of its own (torchrun's fixed port) and collective timeouts.
-pytestmark = pytest.mark.exclusive
-
 
 LOCKSTEP_SCRIPT = textwrap.dedent("""
     import json, sys
@@ -126,8 +122,7 @@ def run_ranks(script_text: str, tmp_path: Path, model_dir: Path, ranks: int = 2,
     (check=False: the finished process, whatever its exit)."""
     script = tmp_path / "ranks.py"
     script.write_text(script_text)
-    out = subprocess.run([str(VENV_BIN / "torchrun"), "--nproc_per_node", str(ranks), str(script), str(tmp_path),
-                          str(model_dir), str(Path(__file__).parent), *args],
+    out = subprocess.run(torchrun(ranks, str(script), str(tmp_path), str(model_dir), str(Path(__file__).parent), *args),
                          env=env(), capture_output=True, text=True, timeout=300)
     if not check:
         return out
@@ -370,6 +365,8 @@ def test_a_phase_agrees_once_on_its_pass_count_and_pads(tiny_model_dir, tmp_path
         assert r["grad_norm"] > 0 and r["grad_max_diff"] < 1e-5  # rank 1's two dummy passes added nothing
 
 
+# Alone in `make test`: its ranks' collectives time out after 15 s, which another worker's load must not reach.
+@pytest.mark.exclusive
 @pytest.mark.slow
 def test_a_miscounted_phase_stops_with_a_message_instead_of_hanging(tiny_model_dir, tmp_path):
     import time

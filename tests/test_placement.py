@@ -11,14 +11,10 @@ import subprocess
 import pytest
 import torch
 
-from conftest import VENV_BIN, compose_config
+from conftest import VENV_BIN, compose_config, torchrun
 from test_distributed import env
 from test_sharded_training import agents, worst
 from test_trainer import adapters, metrics
-
-# Runs alone in `make test` (after the parallel part): gloo ranks of its own (torchrun's fixed port).
-pytestmark = pytest.mark.exclusive
-
 
 LORA_ATOL = 1e-4  # as test_distributed.py: LoRA adapters under Adam, halves summed in another order
 FULL_ATOL = 1e-5
@@ -26,7 +22,7 @@ FULL_ATOL = 1e-5
 
 def cli(ranks: int) -> list[str]:
     return ([str(VENV_BIN / "marl-llm")] if ranks == 1 else
-            [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(ranks), "-m", "marl_llm"])
+            torchrun(ranks, "-m", "marl_llm"))
 
 
 def run(ranks, run_dir, *args):

@@ -13,10 +13,6 @@ from marl_llm.distributed.data_parallel import World, cuda_index
 from marl_llm.models.loading import resolve_device
 
 
-# Runs alone in `make test` (after the parallel part): gloo ranks of its own (torchrun's fixed port).
-pytestmark = pytest.mark.exclusive
-
-
 @pytest.mark.parametrize("name", ["cuda", "auto"])
 @pytest.mark.parametrize("world,gpus,want", [
     (World(rank=3, size=4, local_rank=3), 4, "cuda:3"),  # one node, 4 GPUs: the local rank's

@@ -15,12 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import VENV_BIN
+from conftest import VENV_BIN, torchrun
 from test_distributed import env
 from test_trainer import metrics
 
-# Runs alone in `make test` (after the parallel part): gloo ranks of its own (torchrun's fixed port).
-pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
+pytestmark = pytest.mark.slow
 ATOL = 1e-5
 
 
@@ -33,7 +32,7 @@ def args(model_dir, *extra):
 
 def run(ranks, model_dir, run_dir, *extra, fault=None):
     cmd = ([str(VENV_BIN / "marl-llm")] if ranks == 1 else
-           [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(ranks), "-m", "marl_llm"])
+           torchrun(ranks, "-m", "marl_llm"))
     environ = env() if fault is None else dict(env(), MARL_LLM_FAULT=fault)
     return subprocess.run([*cmd, *args(model_dir, *extra), f"run_dir={run_dir}"], env=environ, capture_output=True,
                           text=True, timeout=600)
@@ -115,7 +114,7 @@ def test_a_separate_critic_trains_sharded_and_equals_one_process(tiny_model_dir,
 
     def critic_run(ranks, run_dir):
         cmd = ([str(VENV_BIN / "marl-llm")] if ranks == 1 else
-               [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(ranks), "-m", "marl_llm"])
+               torchrun(ranks, "-m", "marl_llm"))
         base = [a for a in args(tiny_model_dir) if not a.startswith(drop)]
         return ok(subprocess.run([*cmd, *base, *critic, f"run_dir={run_dir}"], env=env(), capture_output=True,
                                  text=True, timeout=600))
