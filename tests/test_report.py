@@ -186,6 +186,23 @@ def test_two_tasks_two_files_and_task_filter(tmp_path, capsys):
     assert main([str(root), "--out", str(only), "--task", "arxiv"]) == 2
 
 
+def test_the_pass_at_1_ceiling_of_paper_reward_runs_is_a_column_after_pass_at_k(tmp_path):
+    """Under task.reward.variant=paper, pass@1 is read against what the reference harness lets
+    canonical solutions reach (eval/pass@1_ceiling): the table shows both, and says what it is."""
+    root = tmp_path / "runs"
+    for seed, ceiling in ((0, 0.875), (1, 0.875)):
+        make_run(root, f"he/s{seed}", algo="single", task="humaneval", seed=seed, max_steps=0,
+                 evals={0: {"reward": 2.0, "pass@1": 0.5, "pass@1_ceiling": ceiling}})
+    assert main([str(root), "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "humaneval.md").read_text()
+    he = table_rows(md)
+    header = he["__header__"]
+    column = header.index("pass@1") + 1
+    assert header[column] == "pass@1 ceiling"
+    assert he["single"][column].startswith("0.875 ±")
+    assert "canonical solution passes the reference harness" in md
+
+
 def test_turn_based_tasks_report_the_success_rate_first(tmp_path):
     root = tmp_path / "runs"
     game = {"reward": 0.5, "success_rate": 0.25, "rewards/solved/mean": 0.25}

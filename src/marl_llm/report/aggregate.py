@@ -15,6 +15,9 @@ from marl_llm.report.stats import iqm, mean_std, stratified_bootstrap_ci
 # The per-level rewards and pass@k: metric columns after the headline ones.
 _LEVEL_RE = re.compile(r"^eval/rewards/(.+)/mean$")
 _PASS_RE = re.compile(r"^eval/pass@(\d+)$")
+# Under task.reward.variant=paper: the share of the evaluated problems whose canonical solution
+# passes the reference harness, i.e. what pass@1 can reach there (training/evaluation.py).
+CEILING = "eval/pass@1_ceiling"
 
 
 def _metric_columns(runs: Sequence[Run]) -> list[str]:
@@ -24,6 +27,7 @@ def _metric_columns(runs: Sequence[Run]) -> list[str]:
     cols = [k for k in ("eval/success_rate", "eval/reward", "eval/reward_ungated") if k in keys]
     cols += [k for k in keys if _LEVEL_RE.match(k)]
     cols += sorted((k for k in keys if _PASS_RE.match(k)), key=lambda k: int(_PASS_RE.match(k).group(1)))
+    cols += [CEILING] if CEILING in keys else []
     return cols
 
 
@@ -33,6 +37,8 @@ def metric_header(key: str) -> str:
     m = _LEVEL_RE.match(key)
     if m:
         return m.group(1)
+    if key == CEILING:
+        return "pass@1 ceiling"
     return key[len("eval/"):] if _PASS_RE.match(key) or key == "eval/success_rate" else key
 
 

@@ -125,7 +125,9 @@ def render_markdown(task: str, agg: dict[str, Any], commands: str | None = None)
            "narrow interval that says nothing about other problems."] if head else []),
         "- Metric columns: held-out `eval/*` metrics from the eval row with the largest step of each run, "
         f"as mean ± sample std over runs ({NA} for one run). `eval/reward` is the joint team reward; level "
-        "columns are `eval/rewards/<level>/mean`; `pass@k` is the functional pass rate.",
+        "columns are `eval/rewards/<level>/mean`; `pass@k` is the functional pass rate; **pass@1 ceiling** (runs "
+        "with `task.reward.variant=paper`): the share of the evaluated problems whose canonical solution passes "
+        "the reference harness, so the most pass@1 can reach there (docs/rewards_code.md).",
         "- **Δ vs step 0**: final `eval/reward` minus the same run's `eval/reward` at step 0 (before training); "
         "0 for evaluation-only runs.",
         "- **train time (s)**: wall-clock seconds of the whole run (`summary.json` wall_s).",
