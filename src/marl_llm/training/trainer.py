@@ -257,15 +257,25 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
         if w.is_main:
             progress.checkpoint = (step, str(path))
         if (final and tc.export_agents) or tc.export_with_checkpoints:
-            whole = fsdp.whole_policies(policies, run_dir / ".staged-agents")  # a collective when sharded
-            if w.is_main:
-                try:  # a full disk must not cost the run its evaluation: the checkpoint holds the agents
-                    say(f"agents of step {step} written to {export_agents(run_dir, cfg, policies, step, whole=whole)}")
-                except OSError as err:
-                    say(f"warning: the agents of step {step} were not exported ({err}); the checkpoint holds them")
-                shutil.rmtree(run_dir / ".staged-agents", ignore_errors=True)  # placement=groups' leftovers
-            del whole
+            write_agents(step)
         distributed.barrier()
+
+    def write_agents(step: int, history: bool = False) -> None:
+        """The agents of `step`, gathered whole (a collective when sharded), written by rank 0 to
+        agents/ (the export), or with `history` to <run_dir>/checkpoints/ (trainer.history_every)."""
+        whole = fsdp.whole_policies(policies, run_dir / ".staged-agents")
+        if w.is_main:
+            try:  # a full disk must not cost the run its evaluation: the checkpoint holds the agents
+                if history:
+                    say(f"agents of step {step} kept as "
+                        f"{export_history(run_dir, cfg, policies, step, tc.history_keep, whole=whole)}")
+                else:
+                    say(f"agents of step {step} written to {export_agents(run_dir, cfg, policies, step, whole=whole)}")
+            except OSError as err:
+                say(f"warning: the agents of step {step} were not kept ({err})" if history else
+                    f"warning: the agents of step {step} were not exported ({err}); the checkpoint holds them")
+            shutil.rmtree(run_dir / ".staged-agents", ignore_errors=True)  # placement=groups' leftovers
+        del whole
 
     # trainer.eval_protocol=paper: the reference's schedule (before every eval_interval-th batch of
     # each epoch) replaces eval_every; own: every eval_every steps.
@@ -273,20 +283,6 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
 
     def eval_due(step: int) -> bool:
         return paper_eval and paper_eval_due(step, tc.prompts_per_step, len(train_set), tc.eval_interval)
-
-    def keep_agents(step: int) -> None:
-        """trainer.history_every: rank 0 adds the agents of `step` (gathered whole, as for the
-        export) to <run_dir>/checkpoints/."""
-        whole = fsdp.whole_policies(policies, run_dir / ".staged-agents")  # a collective when sharded
-        if w.is_main:
-            try:
-                kept = export_history(run_dir, cfg, policies, step, tc.history_keep, whole=whole)
-                say(f"agents of step {step} kept as {kept}")
-            except OSError as err:
-                say(f"warning: the agents of step {step} were not kept ({err})")
-            shutil.rmtree(run_dir / ".staged-agents", ignore_errors=True)
-        del whole
-        distributed.barrier()
 
     exit_code = 1
     watch.start(max_steps, start_step)
@@ -316,7 +312,8 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
             if tc.save_every and (step + 1) % tc.save_every == 0:
                 checkpoint(step + 1)
             if tc.history_every and (step + 1) % tc.history_every == 0:
-                keep_agents(step + 1)
+                write_agents(step + 1, history=True)
+                distributed.barrier()
 
         final_step = max(max_steps, start_step)
         if final_step > 0:  # nothing trained, nothing to save
