@@ -190,6 +190,16 @@ def test_the_largest_full_fine_tuning_presets_fit_eight_80_gb_gpus_and_not_one(p
     assert not fits and "DOES NOT FIT" in lines[-2] and lines[-1].startswith("  to fit:")
 
 
+def test_a_cpu_run_without_a_gpu_size_plans_per_process_not_per_gpu():
+    from marl_llm.distributed.memory_plan import for_config
+
+    cfg = compose_config(["task=tldr", "run_dir=/tmp/p"])
+    cpu = for_config(cfg, ("a", "b"), 2, None, "cpu").lines()[0]
+    assert "on 2 processes, placement=" in cpu and cpu.endswith("per process:") and "GPU" not in cpu
+    gpu = for_config(cfg, ("a", "b"), 1, 80 * 2**30, "cpu").lines()[0]  # plan.gpu_gib on the CPU
+    assert "on 1 GPU of 80 GiB" in gpu and gpu.endswith("per GPU:")
+
+
 # ---------------------------------------------------------------------------------- the console
 def test_marl_llm_plan_prints_the_terms_and_exits_by_the_fit():
     cli = str(VENV_BIN / "marl-llm-plan")
@@ -214,6 +224,7 @@ def test_a_run_that_cannot_fit_stops_within_seconds_with_its_plan(tiny_model_dir
     assert out.returncode != 0
     assert "memory plan: 1 policy" not in out.stdout  # two agents, two LoRA adapters: "2 policies"
     assert "memory plan: 2 policies" in out.stdout and "DOES NOT FIT in 0 GiB" in out.stdout
+    assert "on 1 GPU of 0 GiB" in out.stdout and "per GPU:" in out.stdout  # plan.gpu_gib: a GPU's size to check
     assert "the memory plan above does not fit" in out.stderr and "plan.check=false" in out.stderr
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "run" / "checkpoint.pt").exists() and "step 1/1" not in out.stdout  # nothing trained

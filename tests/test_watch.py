@@ -5,8 +5,11 @@ and task."""
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import re
 import subprocess
+import time
 
 import pytest
 import torch
@@ -116,10 +119,12 @@ def test_auto_threads_are_at_most_the_cores_the_process_may_use(monkeypatch):
 @pytest.mark.parametrize("cpus, cores, load, sampled, expected", [
     (2, 2, 0.1, 0.05, 2),   # an idle 2-core machine: both cores
     (2, 2, 2.6, 1.9, 1),    # two other jobs busy (the 4.3x case): one thread
-    (2, 2, 0.9, 0.2, 1),    # one other job left the load average high: the busier estimate counts
+    (2, 2, 1.0, 0.02, 2),   # a job that just ended left the load average at 1.0: the sample counts
     (2, 2, 0.1, 1.0, 1),    # one just started (not in the load average yet): the sample sees it
     (8, 8, 3.0, 2.5, 5),    # 8 cores, 3 busy: the rest
     (8, 4, 0.0, 4.0, 2),    # 4 cores with 2 hyper-threads each, half the CPUs busy: half the cores
+    (2, 2, 1.0, None, 1),   # no /proc/stat: the load average, the only estimate left
+    (4, 4, 0.0, None, 4),
 ])
 def test_auto_threads_leave_the_cores_other_processes_keep_busy(monkeypatch, cpus, cores, load, sampled, expected):
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(cpus)))
@@ -129,8 +134,36 @@ def test_auto_threads_leave_the_cores_other_processes_keep_busy(monkeypatch, cpu
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (load, load, load))
     monkeypatch.setattr(threads, "busy_cpus_sampled", lambda cpus: sampled)
     chosen = threads.choose_threads("auto")
-    assert chosen.count == expected and f"{min(max(load, sampled), cpus):.1f} of {cpus} CPUs busy" in chosen.why
+    busy = sampled if sampled is not None else min(load, cpus)
+    assert chosen.count == expected and f"{busy:.1f} of {cpus} CPUs busy" in chosen.why
     assert threads.choose_threads("auto", deterministic=True).count == cores  # the load left out
+
+
+def _spin(stop) -> None:
+    while not stop.is_set():
+        pass
+
+
+def test_auto_threads_see_processes_that_just_started(monkeypatch):
+    """Real /proc/stat, no mocked sample: two busy processes started 0.2 s before (not yet in the
+    1-minute load average) leave this run one thread of the machine's cores."""
+    cpus = os.sched_getaffinity(0)
+    if threads.busy_cpus_sampled(cpus, 0.05) is None:
+        pytest.skip("no /proc/stat")
+    monkeypatch.setattr(threads.torch, "get_num_threads", lambda: len(cpus))
+    monkeypatch.setattr(threads, "available_cores", lambda: len(cpus))
+    stop = multiprocessing.Event()
+    spinners = [multiprocessing.Process(target=_spin, args=(stop,)) for _ in cpus]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        time.sleep(0.2)
+        busy = threads.choose_threads("auto")
+    finally:
+        stop.set()
+        for spinner in spinners:
+            spinner.join()
+    assert busy.count == 1 or len(cpus) == 1, busy.why
 
 
 def test_the_sampled_busy_time_reads_the_cpus_of_this_process(monkeypatch):

@@ -161,6 +161,7 @@ class Workload:
     fused_optimizer: bool = False  # AdamW fused (CUDA): no fp32 temporary in its step
     trains: bool = True
     all_linear: bool = False  # LoRA on every linear layer (else on some: frozen ones keep no input)
+    device_type: str = "cuda"  # where it computes
 
 
 @dataclass
@@ -218,12 +219,15 @@ class Plan:
     def lines(self) -> list[str]:
         w, lay = self.work, self.layout
         kind = "full fine-tuning" if w.full else f"LoRA ({w.adapters} adapters)"
-        where = f"{self.gpus} GPU{'s' if self.gpus > 1 else ''}" + (
+        # A CPU run without plan.gpu_gib (no GPU size to check against) has processes, not GPUs.
+        gpu = w.device_type == "cuda" or self.gpu_bytes is not None
+        unit, units = ("GPU", "GPUs") if gpu else ("process", "processes")
+        where = f"{self.gpus} {unit if self.gpus == 1 else units}" + (
             f" of {self.gpu_bytes / GiB:.0f} GiB" if self.gpu_bytes else "")
         shard = f", FSDP over {max(lay.shards or [lay.frozen_shards])}" if lay.fsdp and lay.ranks > 1 else ""
         size = f"{self.arch.params / 1e9:.2f}B" if self.arch.params >= 1e9 else f"{self.arch.params / 1e6:.1f}M"
         head = (f"memory plan: {w.policies} {'policies' if w.policies > 1 else 'policy'} of {size} ({kind}) on "
-                f"{where}, placement={lay.placement}{shard}; per GPU:")
+                f"{where}, placement={lay.placement}{shard}; per {unit}:")
 
         def g(b: int) -> str:
             return f"{b / GiB:8.2f}"
@@ -315,7 +319,7 @@ def workload(cfg: Any, agent_names: tuple[str, ...], device_type: str) -> Worklo
         rows=int(t.sequences_per_generate), prompt_tokens=int(cfg.get("plan", {}).get("prompt_tokens", 512)),
         new_tokens=int(sampling.get("max_new_tokens", 256)), micro_batch=int(t.completions_per_micro_batch),
         checkpointing=ckpt is True,  # auto: for_config, which knows the model's size
-        fused_optimizer=device_type == "cuda", trains=int(t.max_steps) > 0)
+        fused_optimizer=device_type == "cuda", trains=int(t.max_steps) > 0, device_type=device_type)
 
 
 def layout(cfg: Any, ranks: int, policies: int) -> Layout:

@@ -2,8 +2,8 @@
 less those other processes keep busy.
 
 OS facts only: the CPU affinity (SLURM's --cpus-per-task, taskset), the core topology in sysfs, a
-cgroup's CPU quota (docker --cpus, a Kubernetes limit), the load average and the CPUs' busy time
-(/proc/stat). Why the load matters: torch's parallel regions wait for their slowest thread, and a
+cgroup's CPU quota (docker --cpus, a Kubernetes limit) and the CPUs' busy time over a short
+sample (/proc/stat; the load average only where there is none). Why the load matters: torch's parallel regions wait for their slowest thread, and a
 thread that shares its core with another busy process is slow: on a 2-core machine that two other
 jobs kept busy, a `debug=tiny` run took 4.3x as long with 2 threads as with 1, while on the idle
 machine 2 threads were 1.7x faster than 1 (results/threads.md, docs/logging.md#threads).
@@ -57,8 +57,12 @@ def available_cores() -> int:
 
 # A core counts as the other processes' once they keep it busy more than this share of the time.
 OTHERS_SHARE = 0.3
-# How long auto watches the CPUs' busy time (/proc/stat) before the run starts.
-SAMPLE_S = 0.3
+# How long auto watches the CPUs' busy time (/proc/stat) before the run starts. Why a sample and not
+# the 1-minute load average: the average lags by about a minute both ways. Each of 3 runs of the main
+# job started right after the one before had ended read a load of 1.0 from the finished run and took
+# one thread on an idle 2-core machine (results/magrpo_humaneval.md); a job that has just started is
+# not in it yet.
+SAMPLE_S = 0.5
 
 
 def _cpu_times() -> dict[str, tuple[int, int]]:
@@ -94,7 +98,8 @@ def busy_cpus_sampled(cpus: set[int], seconds: float = SAMPLE_S) -> float | None
 
 def busy_cpus_load(cpus: set[int]) -> float | None:
     """The 1-minute load average, as busy CPUs among `cpus`, where those are all the machine's (a
-    VM, a whole node; elsewhere the load is other CPUs' too and says nothing about these)."""
+    VM, a whole node; elsewhere the load is other CPUs' too and says nothing about these). Only a
+    fallback where /proc/stat cannot be read: it lags (see SAMPLE_S)."""
     if not hasattr(os, "getloadavg") or len(cpus) < (os.cpu_count() or 0):
         return None
     return min(float(len(cpus)), os.getloadavg()[0])
@@ -109,8 +114,8 @@ class Threads:
 def choose_threads(setting: Any, deterministic: bool = False) -> Threads:
     """trainer.threads resolved: a number as given; auto: the fewer of torch's default
     (OMP_NUM_THREADS, else the machine's cores) and available_cores(), less the cores other
-    processes keep busy (the busier of the 1-minute load average, where this process may use every
-    CPU, and a 0.3 s sample of its CPUs' busy time), at least 1. With trainer.deterministic the load
+    processes keep busy (a 0.5 s sample of its CPUs' busy time; without /proc/stat the 1-minute load
+    average, where this process may use every CPU), at least 1. With trainer.deterministic the load
     is left out, so a rerun or a resume on the machine picks the same count (float sums split over
     another number of threads round differently)."""
     if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1:
@@ -124,10 +129,11 @@ def choose_threads(setting: Any, deterministic: bool = False) -> Threads:
     if most <= 1 or deterministic:
         return Threads(most, why + (", the load left out (trainer.deterministic)" if deterministic and most > 1 else ""))
     cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    estimates = [b for b in (busy_cpus_load(cpus), busy_cpus_sampled(cpus)) if b is not None]
-    if not estimates:
+    busy = busy_cpus_sampled(cpus)
+    if busy is None:
+        busy = busy_cpus_load(cpus)
+    if busy is None:
         return Threads(most, why)
-    busy = max(estimates)
     free = cores * (1.0 - min(busy / len(cpus), 1.0))  # hyper-threads and quotas: the same share of cores
     count = max(1, min(most, math.floor(free + OTHERS_SHARE)))
     return Threads(count, f"{why}, {busy:.1f} of {len(cpus)} CPUs busy with other processes")
