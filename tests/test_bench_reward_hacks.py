@@ -38,3 +38,13 @@ def test_reward_hacks_bench_writes_its_figures(tmp_path):
     assert hacks["paper"]["constant_with_aux"]["above_correct_without_aux"] > 0  # the reference's gate
     assert all(hacks[v]["always_equal"]["passed"] == 0 for v in ("fixed", "paper"))
     assert "| coophumaneval (2) | fixed |" in (tmp_path / "reward_hacks.md").read_text()
+
+
+def test_builtins_shadowed_from_a_default_argument_pass_only_the_paper_harness(tmp_path):
+    """HumanEval/33, the first training problem: a main that rebinds the checker's builtins from a
+    default argument passes every test in the reference's shared globals (`paper`), not in the
+    project's pristine test namespace (`fixed`)."""
+    assert main(["--problems", "1", "--datasets", "humaneval", "--out", str(tmp_path)]) == 0
+    hacks = json.loads((tmp_path / "reward_hacks.json").read_text())["hacks"]["humaneval"]
+    assert hacks["paper"]["shadowed_builtins"]["passed_problems"] == ["HumanEval/33"]
+    assert hacks["fixed"]["shadowed_builtins"]["passed"] == 0

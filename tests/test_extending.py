@@ -436,3 +436,28 @@ def test_a_plugins_search_path_that_names_no_folder_gets_one_line(tmp_path, monk
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(UserError, match=f"plugin {name}: CONFIG_SEARCHPATH '{entry}' {message}"):
         load_plugins([name])
+
+
+@pytest.mark.parametrize("returned, says", [
+    ('["Name a fruit.", "  "]', "returned an empty prompt for ['b']"),
+    ('{"a": "Name a fruit."}', "returned no prompt for ['b']"),
+    ('["Name a fruit."]', "must return 2 strings"),
+    ('"Name a fruit."', "must return 2 strings"),
+])
+def test_a_team_prompt_function_that_returns_no_prompt_for_an_agent_is_named(tmp_path, monkeypatch, returned, says):
+    """task.prompts' answer checked per problem: an agent left without a prompt (empty, missing,
+    too few) is one line naming the function and the agent, before any sampling."""
+    from marl_llm.config import UserError
+    from marl_llm.tasks.base import Problem
+    from marl_llm.tasks.team import TeamTask
+
+    module = f"my_prompts_{abs(hash(returned))}"  # one module per case: Python caches imports by name
+    (tmp_path / f"{module}.py").write_text(f"def prompts(row):\n    return {returned}\n\n"
+                                            "def reward(row, texts):\n    return 0.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = compose_config(["task=team", "task.agents=[a,b]", f"task.prompts={module}:prompts",
+                          f"task.reward={module}:reward", "run_dir=/tmp/p"])
+    task = TeamTask(cfg.task)
+    with pytest.raises(UserError, match=f"task.prompts={module}:prompts") as err:
+        task.initial_prompts(Problem("row-0", {"kind": "fruit"}))
+    assert says in str(err.value)
