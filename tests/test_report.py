@@ -513,6 +513,17 @@ def test_eval_points_are_not_joined(tmp_path, axes):
     assert len(step0) == 2 and step0[0] < 0 < step0[1]
 
 
+def test_dodged_points_stay_near_their_x_on_a_wide_axis():
+    """Five groups at x=0, one also at 96 (the TLDR report): side by side, yet every point within
+    6% of the axis of its own x, so none reads as another budget and no tick goes below 0 for it."""
+    from marl_llm.report.plots import dodge
+
+    offsets = dodge(5, [0.0, 96.0])
+    assert len(set(offsets)) == 5 and max(offsets) - min(offsets) <= 0.06 * 96 + 1e-9
+    assert dodge(3, [0.0, 5.0]) == pytest.approx([-0.15, 0.0, 0.15])
+    assert dodge(3, [0.0, 1.0, 50.0]) == pytest.approx([-0.2, 0.0, 0.2])  # 40% of the smallest gap
+
+
 def test_many_groups_keep_their_legend_labels_and_points_apart(tmp_path, monkeypatch):
     """Twelve groups evaluated at the same steps: the legend goes beside the axes, wholly inside
     the saved image (which grows to hold it and the final chart's long row labels), and no two
