@@ -5,8 +5,9 @@ OS facts only: the CPU affinity (SLURM's --cpus-per-task, taskset), the core top
 cgroup's CPU quota (docker --cpus, a Kubernetes limit) and the CPUs' busy time over a short
 sample (/proc/stat; the load average only where there is none). Why the load matters: torch's
 parallel regions wait for their slowest thread, and a thread that shares its core with another
-busy process is slow: on a 2-core machine that two other jobs kept busy, a `debug=tiny` run took 4.3x as long with 2 threads as with 1, while on the idle
-machine 2 threads were 1.7x faster than 1 (results/threads.md, docs/logging.md#threads).
+busy process is slow: on a 2-core machine that two other jobs kept busy, a `debug=tiny` run took
+4.3x as long with 2 threads as with 1, while on the idle machine 2 threads were 1.7x faster than 1
+(results/threads.md, docs/logging.md#threads).
 """
 
 from __future__ import annotations
