@@ -214,9 +214,16 @@ def test_a_run_dir_in_proc_is_one_line(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ Ctrl-C
+def ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT's disposition of a command typed at a terminal. Tests run under `make test &` or
+    `nohup` inherit SIGINT ignored (a shell's background job), which Python keeps ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_while_the_script_imports_is_one_line(tmp_path):
     proc = subprocess.Popen([CLI, "logger=none", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, text=True,
-                            env={**os.environ, **QUIET}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            env={**os.environ, **QUIET}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=ctrl_c_as_in_a_terminal)
     time.sleep(0.4)  # Python starts in 0.1 s; Hydra, omegaconf and the config schemas take over a second
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
@@ -260,8 +267,12 @@ def test_ctrl_c_between_the_renames_of_a_save_waits_for_them(tmp_path):
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C right between the two renames
         time.sleep(0.05)
 
-    with pytest.raises(KeyboardInterrupt):
-        atomic_write(path, lambda tmp: Path(tmp).write_text("step 2"), before_replace=rotate)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in a terminal
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            atomic_write(path, lambda tmp: Path(tmp).write_text("step 2"), before_replace=rotate)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     assert path.read_text() == "step 2" and previous.read_text() == "step 1"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.prev.pt", "checkpoint.pt"]
 
