@@ -5,10 +5,10 @@ and task."""
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -139,30 +139,24 @@ def test_auto_threads_leave_the_cores_other_processes_keep_busy(monkeypatch, cpu
     assert threads.choose_threads("auto", deterministic=True).count == cores  # the load left out
 
 
-def _spin(stop) -> None:
-    while not stop.is_set():
-        pass
-
-
 def test_auto_threads_see_processes_that_just_started(monkeypatch):
-    """Real /proc/stat, no mocked sample: two busy processes started 0.2 s before (not yet in the
-    1-minute load average) leave this run one thread of the machine's cores."""
+    """Real /proc/stat, no mocked sample: a busy process per CPU, started 0.2 s before (not yet in
+    the 1-minute load average), leaves this run one thread of the machine's cores."""
+    from marl_llm.bench.threads import SPIN
+
     cpus = os.sched_getaffinity(0)
     if threads.busy_cpus_sampled(cpus, 0.05) is None:
         pytest.skip("no /proc/stat")
     monkeypatch.setattr(threads.torch, "get_num_threads", lambda: len(cpus))
     monkeypatch.setattr(threads, "available_cores", lambda: len(cpus))
-    stop = multiprocessing.Event()
-    spinners = [multiprocessing.Process(target=_spin, args=(stop,)) for _ in cpus]
-    for spinner in spinners:
-        spinner.start()
+    spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in cpus]  # as `marl-llm-bench threads --busy`
     try:
         time.sleep(0.2)
         busy = threads.choose_threads("auto")
     finally:
-        stop.set()
         for spinner in spinners:
-            spinner.join()
+            spinner.kill()
+            spinner.wait()
     assert busy.count == 1 or len(cpus) == 1, busy.why
 
 
