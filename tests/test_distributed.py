@@ -33,7 +33,7 @@ def env():
 
 
 def run_args(model_dir, *extra):
-    return ["model=local", f"model.path={model_dir}", "logger=none", "algo.sampling.max_new_tokens=8",
+    return ["model=local", f"model.path={model_dir}", "model.dtype=float64", "logger=none", "algo.sampling.max_new_tokens=8",
             "algo.lora.r=4", "algo.lora.target_modules=[q_proj,v_proj]", "algo.learning_rate=1e-3",
             f"trainer.max_steps={STEPS}", "trainer.eval_before=false", "trainer.eval_after=false",
             "trainer.prompts_per_step=4", *extra]
@@ -95,7 +95,7 @@ def test_two_processes_match_one_process(tiny_model_dir, tmp_path, algo, launche
     a1, a2 = adapters(one), adapters(run)
     assert a1.keys() == a2.keys()
     worst = max(float((a1[k][n] - a2[k][n]).abs().max()) for k in a1 for n in a1[k])
-    assert worst <= ATOL, f"adapters differ by {worst:.3g} > {ATOL}"
+    print("WORST", worst); assert worst <= ATOL, f"adapters differ by {worst:.3g} > {ATOL}"
     moved = max(float(a1[k][n].abs().max()) for k in a1 for n in a1[k] if "lora_B" in n)
     assert moved > 10 * ATOL  # LoRA B starts at zero: the runs really trained
     if algo == "collm_cc":

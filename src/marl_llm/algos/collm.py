@@ -115,7 +115,8 @@ class ActorCritic(Algorithm):
             full_model(model, p.autocast_dtype, device_type=p.device.type)
             trunk = dict(model.named_parameters())
         torch.manual_seed(p.seed + 31 * (len(self.task.agent_names) + (owner or 0)))
-        head = ValueHead(model.config.hidden_size, c.hidden_layer).to(p.model_device(k))
+        head = ValueHead(model.config.hidden_size, c.hidden_layer).to(
+            p.model_device(k), torch.promote_types(torch.float32, p.dtype))
         return Critic(name, model, adapter, trunk, head, p.tokenizers[k].pad_token_id, c.learning_rate,
                       c.weight_decay, c.loss_coef, c.value_clip, c.max_grad_norm, self.micro_batch_size)
 

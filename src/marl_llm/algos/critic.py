@@ -43,7 +43,8 @@ class ValueHead(nn.Module):
 
     def forward(self, hidden: Tensor) -> Tensor:
         """hidden: Tensor[B, h] -> values Tensor[B]."""
-        return self.net(hidden.float()).squeeze(-1)
+        # float32 at least (a bf16 trunk's hidden states are read by a float32 head), float64 in a float64 run.
+        return self.net(hidden.to(self.net[-1].weight.dtype)).squeeze(-1)
 
 
 def read_positions(prompts: list[Tensor], completions: list[Tensor] | None) -> Tensor:
