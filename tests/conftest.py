@@ -103,9 +103,11 @@ def required_settings(group: str, option: str) -> list[str]:
 
 
 def tiny_overrides(model_dir: Path, run_dir: Path, *extra: str) -> list[str]:
-    """A training config that runs in seconds on the tiny model."""
+    """A training config that runs in seconds on the tiny model. top_p=1: the random model's nucleus
+    is its whole 49,152-token vocabulary, whose sort per token was 2/3 of a rollout's time (a
+    trained model's nucleus is a few candidates: rollout/sampling.py); tests of top-p set their own."""
     return ["model=local", f"model.path={model_dir}", f"model.device={TEST_DEVICE}", "logger=none", f"run_dir={run_dir}",
-            "algo.num_generations=2", "algo.sampling.max_new_tokens=6", "algo.lora.r=4",
+            "algo.num_generations=2", "algo.sampling.max_new_tokens=6", "algo.sampling.top_p=1.0", "algo.lora.r=4",
             "algo.lora.target_modules=[q_proj,v_proj]", "trainer.max_steps=1", "trainer.eval_max_problems=2",
             "task.data.train_split='test[33:37]'", *extra]
 
