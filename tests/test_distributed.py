@@ -43,7 +43,7 @@ def env():
 
 def run_args(model_dir, *extra):
     return ["model=local", f"model.path={model_dir}", "model.dtype=float64", "logger=none", "algo.sampling.max_new_tokens=8",
-            "algo.lora.r=4", "algo.lora.target_modules=[q_proj,v_proj]", "algo.learning_rate=1e-3",
+            "algo.sampling.top_p=1.0", "algo.lora.r=4", "algo.lora.target_modules=[q_proj,v_proj]", "algo.learning_rate=1e-3",
             f"trainer.max_steps={STEPS}", "trainer.eval_before=false", "trainer.eval_after=false",
             "trainer.prompts_per_step=4", *extra]
 

@@ -47,7 +47,8 @@ def run(ranks, run_dir, *args):
 
 def common(model_dir):
     return ["model=local", f"model.path={model_dir}", "logger=none", "algo.sampling.max_new_tokens=8",
-            "trainer.max_steps=2", "trainer.eval_before=false", "trainer.prompts_per_step=1", "algo=magrpo",
+            "algo.sampling.top_p=1.0", "trainer.max_steps=2", "trainer.eval_before=false", "trainer.prompts_per_step=1",
+            "algo=magrpo",
             "algo.num_turns=2", "algo.num_generations=2", "algo.baseline=raw"]
 
 
@@ -82,7 +83,7 @@ def test_each_policy_on_its_own_group_of_ranks_equals_one_process(tiny_model_dir
     """Each fully fine-tuned policy on its own rank (placement=groups, FSDP) against both on one
     process, both in float64: the exported weights after 2 steps at lr 1e-4 agree to FULL_ATOL,
     the grad norms to GRAD_REL (module docstring)."""
-    args = [*common(tiny_model_dir), F64, "algo.lora=null", "algo.sampling.top_p=1.0", "algo.learning_rate=1e-4",
+    args = [*common(tiny_model_dir), F64, "algo.lora=null", "algo.learning_rate=1e-4",
             "trainer.eval_after=false"]
     one, two = tmp_path / "one", tmp_path / "two"
     run(1, one, *args)
@@ -102,7 +103,7 @@ def test_each_policy_on_its_own_group_of_ranks_equals_one_process(tiny_model_dir
 
 @pytest.mark.slow
 def test_a_device_per_policy_on_one_process(tiny_model_dir, tmp_path):
-    args = [*common(tiny_model_dir), "algo.lora=null", "algo.sampling.top_p=1.0", "algo.learning_rate=1e-4",
+    args = [*common(tiny_model_dir), "algo.lora=null", "algo.learning_rate=1e-4",
             "trainer.eval_after=false", "trainer.max_steps=1"]
     shared, devices = tmp_path / "shared", tmp_path / "devices"
     run(1, shared, *args)
