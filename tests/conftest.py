@@ -37,6 +37,15 @@ def torchrun(ranks: int, *target: str) -> list[str]:
     return [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(ranks), "--master_port", str(rank_port()), *target]
 
 
+def numerics_env() -> dict[str, str]:
+    """The Makefile's NUMERICS_ENV (its `?=` default) as variables: make test's second summation order
+    (docs/development.md#numerics-on-other-cpus)."""
+    import shlex
+
+    line = next(line for line in (REPO / "Makefile").read_text().splitlines() if line.startswith("NUMERICS_ENV ?="))
+    return dict(word.split("=", 1) for word in shlex.split(line.split("?=", 1)[1]))
+
+
 def build_tiny_model(path: Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM

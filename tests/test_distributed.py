@@ -68,6 +68,22 @@ def launch(launcher, args, cwd):
     return subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=600)
 
 
+_ONE_PROCESS: dict[tuple[str, ...], object] = {}
+
+
+def one_process(args: list[str], tmp_path_factory):
+    """The run dir of the one-process reference run of `args`, run once per pytest worker: the
+    2-rank tests of one setting (torchrun, accelerate, a submitit job) compare with the same run."""
+    key = tuple(args)
+    if key not in _ONE_PROCESS:
+        one = tmp_path_factory.mktemp("one_process")
+        single = subprocess.run([str(VENV_BIN / "marl-llm"), *args, f"run_dir={one}"], env=env(), capture_output=True,
+                                text=True, timeout=600)
+        assert single.returncode == 0, single.stderr[-3000:]
+        _ONE_PROCESS[key] = one
+    return _ONE_PROCESS[key]
+
+
 # FSDP (trainer.fsdp=true) also evaluates after training: rank 0 alone runs those passes while
 # the other rank serves its share of the sharded base.
 FSDP = ["trainer.eval_after=true", "trainer.eval_max_problems=2"]
@@ -77,15 +93,12 @@ FSDP = ["trainer.eval_after=true", "trainer.eval_max_problems=2"]
 @pytest.mark.slow
 @pytest.mark.parametrize("algo,launcher,fsdp", [("magrpo", "torchrun", False), ("collm_cc", "accelerate", False),
                                                 ("magrpo", "accelerate", True), ("collm_cc", "torchrun", True)])
-def test_two_processes_match_one_process(tiny_model_dir, tmp_path, algo, launcher, fsdp):
+def test_two_processes_match_one_process(tiny_model_dir, tmp_path, tmp_path_factory, algo, launcher, fsdp):
     """Two computations of the same training: 2 data-parallel ranks (each half the batch, gradients
     all-reduced; with FSDP the frozen base sharded) against one process with the whole batch, both
     in float64; adapters and critics agree to ATOL, the metrics to GRAD_REL (module docstring)."""
     args = run_args(tiny_model_dir, *SETTINGS[algo], *(FSDP if fsdp else []))
-    one = tmp_path / "one"
-    single = subprocess.run([str(VENV_BIN / "marl-llm"), *args, f"run_dir={one}"], env=env(), capture_output=True,
-                            text=True, timeout=600)
-    assert single.returncode == 0, single.stderr[-3000:]
+    one = one_process(run_args(tiny_model_dir, *SETTINGS[algo]), tmp_path_factory)  # its evaluation is not compared
     # No run_dir: the ranks must agree on Hydra's time-stamped output dir by themselves.
     two = launch(launcher, [*args, f"trainer.fsdp={str(fsdp).lower()}"], tmp_path)
     assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-3000:]
@@ -128,15 +141,12 @@ def test_two_processes_match_one_process(tiny_model_dir, tmp_path, algo, launche
 
 @pytest.mark.numerics
 @pytest.mark.slow
-def test_slurm_tasks_become_ranks(tiny_model_dir, tmp_path):
+def test_slurm_tasks_become_ranks(tiny_model_dir, tmp_path, tmp_path_factory):
     """A submitit job with 2 tasks (what hydra/launcher=slurm starts for 2 GPUs) is one 2-rank run:
     here through submitit's local executor, which exports the same job environment. Compared: its
     adapters against one process's, both in float64, to ATOL (module docstring)."""
     args = run_args(tiny_model_dir, *SETTINGS["magrpo"])
-    one = tmp_path / "one"
-    single = subprocess.run([str(VENV_BIN / "marl-llm"), *args, f"run_dir={one}"], env=env(), capture_output=True,
-                            text=True, timeout=600)
-    assert single.returncode == 0, single.stderr[-3000:]
+    one = one_process(args, tmp_path_factory)
     sweep = tmp_path / "sweep"
     out = subprocess.run([str(VENV_BIN / "marl-llm"), "-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2",
                           "hydra.launcher.gpus_per_node=0", f"hydra.sweep.dir={sweep}", *args, "seed=0"],

@@ -10,14 +10,14 @@ threads) under both orders and asserts that the bits differ: the order changed.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 
-from conftest import REPO
+from conftest import REPO, numerics_env
 
 PROBE = """
 import hashlib, json, torch
@@ -33,12 +33,6 @@ print(json.dumps({"threads": torch.get_num_threads(), "capability": torch.backen
 
 # What the machine's own order changes from the outside: a rerun must not inherit a pinned order.
 ORDER_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR", "ATEN_CPU_CAPABILITY")
-
-
-def numerics_env() -> dict[str, str]:
-    """The Makefile's NUMERICS_ENV (its `?=` default) as variables."""
-    line = next(line for line in (REPO / "Makefile").read_text().splitlines() if line.startswith("NUMERICS_ENV ?="))
-    return dict(word.split("=", 1) for word in shlex.split(line.split("?=", 1)[1]))
 
 
 def probe(extra: dict[str, str]) -> dict:
@@ -77,3 +71,26 @@ def test_development_md_names_every_file_run_under_both_orders():
                             .split("<!-- /numerics files -->", 1)[0]))
     assert listed == files_with_numerics_tests(), (sorted(listed - files_with_numerics_tests()),
                                                    sorted(files_with_numerics_tests() - listed))
+
+
+def numerics_tests() -> dict[str, str]:
+    """Every test that carries the `numerics` marker (its own or its module's): {file::name: docstring}."""
+    out = {}
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        module_marked = any(isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
+                            and "numerics" in ast.unparse(n.value) for n in tree.body)
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and (
+                    module_marked or any("numerics" in ast.unparse(d) for d in node.decorator_list)):
+                out[f"{path.name}::{node.name}"] = ast.get_docstring(node) or ""
+    return out
+
+
+PRECISION = re.compile(r"float64|fp64|float32|fp32|bf16|bfloat16|bitwise|token ids|same tokens")
+
+
+def test_every_equivalence_test_says_what_it_compares_and_in_which_precision():
+    tests = numerics_tests()
+    assert len(tests) > 50  # the parser found them
+    assert [name for name, doc in tests.items() if not PRECISION.search(doc)] == []
