@@ -29,11 +29,13 @@ $(STAMP): pyproject.toml Makefile
 run: setup
 	$(VENV)/bin/marl-llm experiment=magrpo_humaneval_cpu
 
-# The tests that compare two computations of the same floating-point numbers run twice: as this CPU
-# computes them, then on MKL's most conservative code path with ATen's scalar kernels (the sums
-# reassociated as on another CPU: AMD with MKL, AVX2 instead of AVX-512), so a tolerance that only
-# holds on the CI's own CPU fails here too (docs/development.md#numerics-on-other-cpus).
-NUMERICS_ENV ?= MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default
+# The equivalence tests (marker `numerics`: two computations of the same numbers, compared in float64
+# or against a stated error bound) run under two summation orders: in the first part as this machine
+# sums (its threads, ATen's best CPU kernels, MKL's own code path), then again under NUMERICS_ENV: one
+# thread, ATen's scalar kernels and MKL's most conservative code path, which reassociate every matmul,
+# softmax and threaded sum (tests/test_summation_orders.py checks that the bits differ), as another
+# CPU would (docs/development.md#numerics-on-other-cpus).
+NUMERICS_ENV ?= OMP_NUM_THREADS=1 MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default
 # The suite on PYTEST_WORKERS processes, a file per worker at a time (pytest-xdist): run one after
 # another, half its tests wait on a console script's start, a sandboxed program or a rank, and one
 # core sat idle. The `exclusive` tests (wall-clock limits, cgroup CPU shares, short collective
@@ -42,7 +44,7 @@ PYTEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not exclusive"
 	$(PY) -m pytest -q -p no:cacheprovider -m exclusive
-	$(NUMERICS_ENV) $(PY) -m pytest -q -p no:cacheprovider -m numerics
+	$(NUMERICS_ENV) $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile -m numerics
 	$(PY) scripts/check_wheel.py --torch "$(TORCH)"
 
 # The package as a user installs it: the wheel (no setuptools warnings, its LICENSE, never the

@@ -37,6 +37,15 @@ def torchrun(ranks: int, *target: str) -> list[str]:
     return [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(ranks), "--master_port", str(rank_port()), *target]
 
 
+def numerics_env() -> dict[str, str]:
+    """The Makefile's NUMERICS_ENV (its `?=` default) as variables: make test's second summation order
+    (docs/development.md#numerics-on-other-cpus)."""
+    import shlex
+
+    line = next(line for line in (REPO / "Makefile").read_text().splitlines() if line.startswith("NUMERICS_ENV ?="))
+    return dict(word.split("=", 1) for word in shlex.split(line.split("?=", 1)[1]))
+
+
 def build_tiny_model(path: Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -57,6 +66,16 @@ def build_tiny_model(path: Path, seed: int = 0) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny_llama"))
+
+
+# Two computations of the same numbers compared in float64 on the tiny model agree to this fraction of
+# the reference's largest element. Error bound: float64's eps (1.1e-16) x the terms summed into one
+# element (at most a few thousand here: the 49,152-token vocabulary's softmax sums the most, in
+# chunks) x their size relative to the result (cancelling terms, up to ~1e2 for small gradient
+# elements): ~1e-12 at worst. A real difference between the paths (a wrong token, mask, position or
+# chunk boundary) is of the order of the values themselves, and float32's rounding is ~1e-7: both
+# fail it. Seen: at most ~1e-15.
+FLOAT64_REL = 1e-12
 
 
 def assert_close_to_scale(actual, expected, rel: float, what: str = "") -> None:
@@ -93,22 +112,26 @@ def required_settings(group: str, option: str) -> list[str]:
 
 
 def tiny_overrides(model_dir: Path, run_dir: Path, *extra: str) -> list[str]:
-    """A training config that runs in seconds on the tiny model."""
+    """A training config that runs in seconds on the tiny model. top_p=1: the random model's nucleus
+    is its whole 49,152-token vocabulary, whose sort per token was 2/3 of a rollout's time (a
+    trained model's nucleus is a few candidates: rollout/sampling.py); tests of top-p set their own."""
     return ["model=local", f"model.path={model_dir}", f"model.device={TEST_DEVICE}", "logger=none", f"run_dir={run_dir}",
-            "algo.num_generations=2", "algo.sampling.max_new_tokens=6", "algo.lora.r=4",
+            "algo.num_generations=2", "algo.sampling.max_new_tokens=6", "algo.sampling.top_p=1.0", "algo.lora.r=4",
             "algo.lora.target_modules=[q_proj,v_proj]", "trainer.max_steps=1", "trainer.eval_max_problems=2",
             "task.data.train_split='test[33:37]'", *extra]
 
 
 def make_policies(model_dir: Path, agents=("aux", "main"), adapters: str = "per_agent", agent_bases=None,
-                  lr: float = 1e-2, seed: int = 0, policy_map=None, attn_implementation: str | None = "sdpa"):
-    """AgentPolicies on the tiny model, with LoRA B matrices made non-zero so adapters matter."""
+                  lr: float = 1e-2, seed: int = 0, policy_map=None, attn_implementation: str | None = "sdpa",
+                  dtype: str = "auto"):
+    """AgentPolicies on the tiny model, with LoRA B matrices made non-zero so adapters matter.
+    dtype="float64": the equivalence tests' precision (FLOAT64_REL)."""
     import torch
     from omegaconf import OmegaConf
 
     from marl_llm.models.policies import AgentPolicies
 
-    model_cfg = OmegaConf.create(dict(name="tiny", path=str(model_dir), embedded=False, hub_id=None, dtype="auto",
+    model_cfg = OmegaConf.create(dict(name="tiny", path=str(model_dir), embedded=False, hub_id=None, dtype=dtype,
                                       device=TEST_DEVICE, attn_implementation=attn_implementation,
                                       trust_remote_code=False, agent_bases=agent_bases))
     algo_cfg = OmegaConf.create(dict(adapters=adapters, learning_rate=lr, weight_decay=0.0, policy_map=policy_map or {},
@@ -119,7 +142,7 @@ def make_policies(model_dir: Path, agents=("aux", "main"), adapters: str = "per_
         for key in policies.trainable_adapters():
             for p in policies.adapter_parameters(*key):
                 if "lora_B" in [part for part in p_name_parts(policies, key, p)]:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+                    p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.5)
     return policies
 
 

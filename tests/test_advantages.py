@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import FLOAT64_REL, assert_close_to_scale
 from marl_llm.algos.advantages import (
     BASELINES,
     GroupIndex,
@@ -72,30 +73,39 @@ def test_normalized_hand_computed(baseline):
     close(group_advantages(t(R), baseline, normalize=True, unbiased_std=True), unb)
 
 
+@pytest.mark.numerics
 def test_all_baselines_identical_after_normalization():
+    """Normalized advantages of every baseline vs the mean baseline's (and the unbiased std's vs
+    the population std's times sqrt(6/7)): float64, to FLOAT64_REL of the largest element; the
+    groups' means and stds vs 0 and 1, to FLOAT64_REL absolutely (the values are of order 1)."""
     torch.manual_seed(0)
     returns = torch.randn(5, 7, dtype=torch.float64) * 3 + 1
     ref = group_advantages(returns, "mean", normalize=True)
     for b in ALL:
-        close(group_advantages(returns, b, normalize=True), ref, tol=1e-12)
-        close(group_advantages(returns, b, normalize=True, unbiased_std=True), ref * math.sqrt(6 / 7), 1e-12)
+        assert_close_to_scale(group_advantages(returns, b, normalize=True), ref, FLOAT64_REL, b)
+        assert_close_to_scale(group_advantages(returns, b, normalize=True, unbiased_std=True),
+                              ref * math.sqrt(6 / 7), FLOAT64_REL, f"{b}, unbiased std")
     # ... and they do differ without normalization
     raw = {b: group_advantages(returns, b, normalize=False) for b in ALL}
     for a, b in itertools.combinations(ALL, 2):
         assert not torch.allclose(raw[a], raw[b]), (a, b)
     # per group: zero mean, unit population std
-    close(ref.mean(-1), torch.zeros(5, dtype=torch.float64), 1e-12)
-    close(ref.std(-1, unbiased=False), torch.ones(5, dtype=torch.float64), 1e-12)
+    close(ref.mean(-1), torch.zeros(5, dtype=torch.float64), FLOAT64_REL)
+    close(ref.std(-1, unbiased=False), torch.ones(5, dtype=torch.float64), FLOAT64_REL)
 
 
+@pytest.mark.numerics
 def test_leading_dims_are_independent_groups_and_dtype_kept():
+    """A [2, 3, 4] batch of groups vs each group alone: advantages, float64, to FLOAT64_REL of the
+    largest element; a float32 batch gives float32 advantages (the dtype is kept)."""
     torch.manual_seed(1)
-    returns = torch.randn(2, 3, 4)
+    returns = torch.randn(2, 3, 4, dtype=torch.float64)
     for b in ALL:
+        assert group_advantages(returns.float(), b, normalize=False).dtype == torch.float32
         out = group_advantages(returns, b, normalize=False)
-        assert out.shape == (2, 3, 4) and out.dtype == torch.float32
+        assert out.shape == (2, 3, 4) and out.dtype == torch.float64
         for i, j in itertools.product(range(2), range(3)):
-            close(out[i, j], group_advantages(returns[i, j], b, normalize=False), 1e-6)
+            assert_close_to_scale(out[i, j], group_advantages(returns[i, j], b, normalize=False), FLOAT64_REL, b)
 
 
 def test_constant_group_normalizes_to_exact_zero():
@@ -166,7 +176,10 @@ def test_cross_three_agents_hand_computed():
     close(per_agent_advantages(joint, 3, "cross", "mean", False), [[-3.0, 3.0], [-2.0, 2.0], [-1.5, 1.5]])
 
 
+@pytest.mark.numerics
 def test_cross_matches_brute_force_enumeration():
+    """Cross-mode per-agent returns and advantages vs the marginals by brute-force enumeration
+    (and a batch vs its members): float64, to FLOAT64_REL of the largest element."""
     torch.manual_seed(2)
     n_agents, G = 3, 3
     joint = torch.randn([G] * n_agents, dtype=torch.float64)
@@ -176,25 +189,24 @@ def test_cross_matches_brute_force_enumeration():
             vals = [joint[idx] for idx in itertools.product(range(G), repeat=n_agents) if idx[i] == k]
             assert len(vals) == G ** (n_agents - 1)
             expected[i, k] = sum(vals) / len(vals)
-    close(per_agent_returns(joint, n_agents, "cross"), expected, 1e-12)
+    assert_close_to_scale(per_agent_returns(joint, n_agents, "cross"), expected, FLOAT64_REL, "returns")
     for bl in ALL:
-        close(
-            per_agent_advantages(joint, n_agents, "cross", bl, False),
-            group_advantages(expected, bl, False),
-            1e-12,
-        )
+        assert_close_to_scale(per_agent_advantages(joint, n_agents, "cross", bl, False),
+                              group_advantages(expected, bl, False), FLOAT64_REL, bl)
     # batched: [B, G, G, G] -> [B, N, G]
     batch = torch.stack([joint, 2 * joint + 1])
     out = per_agent_advantages(batch, n_agents, "cross", "mean", False)
     assert out.shape == (2, n_agents, G)
-    close(out[0], group_advantages(expected, "mean", False), 1e-12)
-    close(out[1], 2 * group_advantages(expected, "mean", False), 1e-12)
+    assert_close_to_scale(out[0], group_advantages(expected, "mean", False), FLOAT64_REL, "batch row 0")
+    assert_close_to_scale(out[1], 2 * group_advantages(expected, "mean", False), FLOAT64_REL, "batch row 1")
 
 
+@pytest.mark.numerics
 def test_cross_single_agent_equals_align_and_bad_shapes():
+    """One agent: cross mode vs align mode, float64, to FLOAT64_REL of the largest element."""
     r = t([3.0, 1.0, 2.0])
     cross = per_agent_advantages(r, 1, "cross", "rloo", False)
-    close(cross, per_agent_advantages(r, 1, "align", "rloo", False))
+    assert_close_to_scale(cross, per_agent_advantages(r, 1, "align", "rloo", False), FLOAT64_REL, "cross vs align")
     close(cross, [[3.0 - 1.5, 1.0 - 2.5, 0.0]])
     with pytest.raises(ValueError):
         per_agent_advantages(torch.zeros(2, 2), 3, "cross", "mean", False)  # ndim neither 3 nor 4
@@ -282,7 +294,10 @@ def test_grouped_variable_sizes(baseline, expected):
     )
 
 
+@pytest.mark.numerics
 def test_grouped_matches_dense_under_permutation():
+    """Variable-group advantages of a permuted flat batch vs the dense [groups, G] computation:
+    float64, to FLOAT64_REL of the largest element."""
     torch.manual_seed(3)
     dense = torch.randn(4, 5, dtype=torch.float64)
     ids = torch.arange(4).repeat_interleave(5)
@@ -291,7 +306,7 @@ def test_grouped_matches_dense_under_permutation():
         for norm in (False, True):
             want = group_advantages(dense, b, norm).reshape(-1)[perm]
             got = grouped_advantages(dense.reshape(-1)[perm], ids[perm], b, norm)
-            close(got, want, 1e-12)
+            assert_close_to_scale(got, want, FLOAT64_REL, f"{b}, normalize={norm}")
 
 
 def test_grouped_validation():
@@ -340,11 +355,14 @@ def test_level_matrix_rows_missing_levels_and_the_rest():
     close(level_matrix([R(total=1.0, levels={"a": 1.0}), R(total=0.0, levels={"a": 0.0})]), [[1.0, 0.0]])
 
 
+@pytest.mark.numerics
 def test_tree_level_advantages_hand_computed():
     """Turn 0: two joint actions (level x [1, 0], level y [0, 0]); turn 1: node 0's children
     x [1, 1], node 1's children x [0, 1], y [0, 2]. gamma 1: x returns turn 0 [2, 0.5], turn 1
     [1, 1, 0, 1]; y returns [0, 1], [0, 0, 0, 2]. Per group normalized: x [1, -1], [0, 0], [-1, 1];
-    y [-1, 1], [0, 0], [-1, 1]. Sums [0, 0, 0, 0, -2, 2]: mean 0, std sqrt(8/6) -> / sqrt(4/3)."""
+    y [-1, 1], [0, 0], [-1, 1]. Sums [0, 0, 0, 0, -2, 2]: mean 0, std sqrt(8/6) -> / sqrt(4/3).
+    One level vs the normalized tree advantages renormalized: float64, to FLOAT64_REL of the
+    largest element."""
     levels = [t([[1, 0], [0, 0]]), t([[1, 1, 0, 1], [0, 0, 0, 2]])]
     parents = [torch.tensor([0, 0]), torch.tensor([0, 0, 1, 1])]
     adv = tree_level_advantages(levels, parents)
@@ -354,6 +372,6 @@ def test_tree_level_advantages_hand_computed():
     # One level: the normalized tree advantages, then normalized over the tree's nodes.
     one = tree_level_advantages([lv[:1] for lv in levels], parents)
     plain = torch.cat(tree_advantages([lv[0] for lv in levels], parents, normalize=True))
-    close(torch.cat(one), plain / plain.std(unbiased=False))
+    assert_close_to_scale(torch.cat(one), plain / plain.std(unbiased=False), FLOAT64_REL, "one level")
     with pytest.raises(ValueError, match="same levels"):
         tree_level_advantages([t([[1, 0]]), t([[1, 1, 0, 1], [0, 0, 0, 2]])], parents)

@@ -1,5 +1,12 @@
 """CoLLM-CC / CoLLM-DC: what each critic sees, TD targets from collection-time values, which
-parameters each step changes, critic options, checkpoints, and every task on the tiny model."""
+parameters each step changes, critic options, checkpoints, and every task on the tiny model.
+
+The tests that compare the algorithm's advantages, targets and critic loss with the same formulas
+applied to values read again run the model in float64 (model.dtype=float64), so no CPU's summation
+order shows: the two passes' values agree to ~1e-16, and the critic hands them on in its head's
+dtype (Critic.dtype: float64 here), so advantages, targets and the critic loss agree to
+FLOAT64_REL (conftest) of their scale, while a wrong value, reward or position is off by the order
+of the values themselves."""
 
 from __future__ import annotations
 
@@ -19,7 +26,10 @@ from marl_llm.rollout.decode import HFRollout
 from marl_llm.tasks import build_task
 from marl_llm.training.trainer import train
 
+from conftest import FLOAT64_REL, assert_close_to_scale
 from test_agents import changed, snapshot
+
+F64 = "model.dtype=float64"
 
 
 def overrides(model_dir, run_dir, algo, task="strbuild", *extra):
@@ -78,10 +88,15 @@ def test_cc_critic_sees_the_joint_history_and_dc_only_its_own(tiny_model_dir, tm
     assert torch.equal(dc_q.critic_inputs([node], 1)[1][0], node.completions[1].completion_ids)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("estimator", ["td0", "gae"])
 def test_advantages_are_td_errors_of_the_collection_time_values(tiny_model_dir, tmp_path, estimator):
+    """The algorithm's advantages and TD targets (from the values of the collection-time pass)
+    against td0 / gae of the values the critic computes again, the model in float64: to
+    FLOAT64_REL of their scale (module docstring)."""
     algo = build(tiny_model_dir, tmp_path, "collm_cc", "strbuild", "algo.num_turns=3", "algo.normalize_advantages=false",
-                 f"algo.estimator={estimator}", "algo.discount=0.8", "algo.gae_lambda=0.5")
+                 f"algo.estimator={estimator}", "algo.discount=0.8", "algo.gae_lambda=0.5", F64)
+    assert algo.policies.dtype == torch.float64
     tree = algo.collect(problems(algo))
     batches = algo.advantages(tree)
     nodes = [n for c in trajectories(tree) for n in c]
@@ -91,12 +106,12 @@ def test_advantages_are_td_errors_of_the_collection_time_values(tiny_model_dir, 
         v = values[3 * c:3 * c + 3]
         adv, target = td0(r, v, 0.8) if estimator == "td0" else gae(r, v, 0.8, 0.5)
         for i in range(2):  # CC: every agent gets the team's TD error
-            assert torch.allclose(batches[i].advantages[3 * c:3 * c + 3].double(), adv, atol=1e-5)
-        assert torch.allclose(algo._critic_batches[0].targets[3 * c:3 * c + 3].double(), target, atol=1e-5)
+            assert_close_to_scale(batches[i].advantages[3 * c:3 * c + 3].double(), adv, FLOAT64_REL, "advantages")
+        assert_close_to_scale(algo._critic_batches[0].targets[3 * c:3 * c + 3].double(), target, FLOAT64_REL, "targets")
     if estimator == "td0":  # by hand, one chain: delta_t = r_t + 0.8 V_{t+1} - V_t, last: r_T - V_T
         r0 = [n.reward.total for n in trajectories(tree)[0]]
         want = [r0[0] + 0.8 * values[1] - values[0], r0[1] + 0.8 * values[2] - values[1], r0[2] - values[2]]
-        assert torch.allclose(batches[0].advantages[:3].double(), torch.stack(want), atol=1e-5)
+        assert_close_to_scale(batches[0].advantages[:3].double(), torch.stack(want), FLOAT64_REL, "by hand")
 
 
 def test_advantages_are_normalized_per_agent_and_turn(tiny_model_dir, tmp_path):
@@ -136,8 +151,13 @@ def test_an_agent_without_advantage_keeps_its_adapter(tiny_model_dir, tmp_path):
     assert adapters == {"agent_builder1", "critic"}
 
 
+@pytest.mark.numerics
 def test_critic_loss_and_value_clipping_match_the_formula(tiny_model_dir, tmp_path):
-    algo = build(tiny_model_dir, tmp_path, "collm_dc", "tldr", "algo.critic.placement=actor", "algo.critic.value_clip=0.05")
+    """The critic update's clipped value loss against the formula applied to the values read by
+    Critic.values, the model in float64: to FLOAT64_REL (module docstring)."""
+    algo = build(tiny_model_dir, tmp_path, "collm_dc", "tldr", "algo.critic.placement=actor", "algo.critic.value_clip=0.05",
+                 F64)
+    assert algo.policies.dtype == torch.float64
     c = algo.critics[0]
     assert c.adapter == "agent_concise" and c.trunk and all(
         any(p is q for q in algo.policies.adapter_parameters(0, "agent_concise")) for p in c.trunk.values())
@@ -147,8 +167,9 @@ def test_critic_loss_and_value_clipping_match_the_formula(tiny_model_dir, tmp_pa
     y = torch.tensor([1.0, -1.0, 0.3], dtype=torch.float64)
     clipped = old + (v - old).clamp(-0.05, 0.05)
     want = 0.6 * torch.maximum((v - y) ** 2, (clipped - y) ** 2).mean()
-    stats = c.update(node_prompts, None, y.float(), old.float())
-    assert stats["vf_loss"] == pytest.approx(float(want), rel=1e-4)
+    assert c.dtype == torch.float64
+    stats = c.update(node_prompts, None, y, old)
+    assert stats["vf_loss"] == pytest.approx(float(want), rel=FLOAT64_REL)
     assert stats["vf_clipfrac"] == pytest.approx(1 / 3)
 
 

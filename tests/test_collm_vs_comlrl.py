@@ -1,7 +1,8 @@
 """CoLLM-CC's update buffer and early termination against comlrl 1.4.3's own MAACTrainer, executed
 here on the same tiny model, with rewards fixed by each turn's position (test_magrpo_vs_comlrl):
 the same trajectories, the same sequence of actor steps (agent, turn, trajectories) and one critic
-step per actor step."""
+step per actor step; and the loss tokens of algo.loss_tokens=before_pad against comlrl's, both
+sides in float64 (to FLOAT64_REL, conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections import Counter
 import pytest
 import torch
 
-from conftest import compose_config, make_policies
+from conftest import FLOAT64_REL, assert_close_to_scale, compose_config, make_policies
 from test_magrpo_vs_comlrl import PathTask, path_reward
 
 comlrl_maac = pytest.importorskip("comlrl.trainers.actor_critic.maac")
@@ -124,12 +125,14 @@ def test_buffered_samples_keep_their_critic_inputs():
     assert sample.extra["critic_prompt"].tolist() == [1, 2]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("end", [0, 3, None])
 def test_before_pad_loss_tokens_are_comlrls(tiny_model_dir, end):
     """algo.loss_tokens=before_pad scores what comlrl's actor-critic loss scores: the ids before
     the first pad, so with pad == eos (the tiny model's tokenizer, as SmolLM2's) the EOS is left
-    out; the summed log-prob equals comlrl's own _policy_eval on the sequence its _generate made,
-    and marl-llm's own tokens (through the EOS) differ by the EOS's log-prob."""
+    out; the summed log-prob equals comlrl's own _policy_eval on the sequence its _generate made
+    (both models in float64: to FLOAT64_REL of it), and marl-llm's own tokens (through the EOS)
+    differ by the EOS's log-prob."""
     import functools
 
     from transformers import LogitsProcessorList
@@ -137,14 +140,14 @@ def test_before_pad_loss_tokens_are_comlrls(tiny_model_dir, end):
     from marl_llm.algos.loss_tokens import before_pad
     from marl_llm.rollout.base import Completion
     from marl_llm.rollout.decode import completion_logprobs, cut_at_eos
-    from test_magrpo_vs_comlrl import EndAt, full_policies
+    from test_magrpo_vs_comlrl import EndAt, float64_model, full_policies
 
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     tok.pad_token = tok.eos_token
-    load = lambda: AutoModelForCausalLM.from_pretrained(tiny_model_dir)  # noqa: E731
+    load = lambda: float64_model(tiny_model_dir)  # noqa: E731
     args = comlrl_maac.MAACConfig(num_train_epochs=1, num_agents=2, num_turns=1, max_new_tokens=6, temperature=1.0,
                                   top_p=1.0, top_k=0, eval_interval=0)
     trainer = comlrl_maac.MAACTrainer(
@@ -170,9 +173,10 @@ def test_before_pad_loss_tokens_are_comlrls(tiny_model_dir, end):
             logp, mask, _ = completion_logprobs(model, [c.prompt_ids], [c.scored_ids], tok.pad_token_id)
             return float((logp * mask).sum())
 
-        assert total(comlrls) == pytest.approx(float(ref), abs=1e-4)
+        assert ref.dtype == torch.float64
+        assert_close_to_scale(total(comlrls), float(ref), FLOAT64_REL, "summed log-prob")
         if end is None:  # no EOS: the same tokens
-            assert total(own) == pytest.approx(float(ref), abs=1e-4)
+            assert_close_to_scale(total(own), float(ref), FLOAT64_REL, "summed log-prob")
         else:
             assert total(own) < float(ref) - 1e-3  # + log p(EOS)
 

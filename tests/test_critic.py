@@ -1,11 +1,16 @@
 """The value head reads V(h) at the last prompt token and Q(h, a) at the last completion token,
-whatever the padding of the batch."""
+whatever the padding of the batch.
+
+The model and head run in float64 (the tiny model loaded as model.dtype=float64 loads it, norms
+included), so a padded batch and an unpadded sequence compare to FLOAT64_REL (conftest.py): the
+padded positions carry exactly zero attention weight, and only the regrouped sums differ."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from conftest import FLOAT64_REL, assert_close_to_scale
 from marl_llm.algos.critic import ValueHead, read_positions, sequence_values
 
 
@@ -13,7 +18,10 @@ from marl_llm.algos.critic import ValueHead, read_positions, sequence_values
 def model(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    m = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    from marl_llm.models.loading import norms_in_float64
+
+    m = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+    assert norms_in_float64(m) > 0  # as load_base does for model.dtype=float64
     m.eval()
     return m
 
@@ -37,9 +45,12 @@ def test_read_positions():
     assert read_positions(prompts, [torch.tensor([7, 8]), torch.tensor([9])]).tolist() == [4, 3]
 
 
+@pytest.mark.numerics
 def test_values_read_the_right_tokens_despite_padding(model):
+    """Values of a padded batch against each sequence's own unpadded pass, both in float64: equal
+    to FLOAT64_REL of the value (module docstring)."""
     torch.manual_seed(0)
-    head = ValueHead(model.config.hidden_size)
+    head = ValueHead(model.config.hidden_size).double()
     prompts = [torch.tensor([5, 6, 7, 8, 9]), torch.tensor([11, 12])]
     completions = [torch.tensor([20, 21]), torch.tensor([30, 31, 32, 33])]
     with torch.no_grad():
@@ -48,13 +59,14 @@ def test_values_read_the_right_tokens_despite_padding(model):
         for b in range(2):
             expect_v = head(single_hidden(model, prompts[b])[None])[0]
             expect_q = head(single_hidden(model, torch.cat([prompts[b], completions[b]]))[None])[0]
-            assert v[b].item() == pytest.approx(expect_v.item(), abs=1e-4)
-            assert q[b].item() == pytest.approx(expect_q.item(), abs=1e-4)
+            assert v.dtype == q.dtype == torch.float64
+            assert_close_to_scale(v[b], expect_v, FLOAT64_REL, f"V of sequence {b}")
+            assert_close_to_scale(q[b], expect_q, FLOAT64_REL, f"Q of sequence {b}")
     assert not torch.allclose(v, q)
 
 
 def test_values_are_differentiable_through_the_head(model):
-    head = ValueHead(model.config.hidden_size)
+    head = ValueHead(model.config.hidden_size).double()
     v = sequence_values(model, head, [torch.tensor([3, 4, 5])], None, pad_id=0)
     (v ** 2).sum().backward()
     assert head.net[-1].weight.grad is not None and head.net[-1].weight.grad.abs().sum() > 0

@@ -13,7 +13,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import TEST_DEVICE, VENV_BIN, compose_config, make_policies, tiny_overrides
+from conftest import (FLOAT64_REL, TEST_DEVICE, VENV_BIN, assert_close_to_scale, compose_config, make_policies,
+                      tiny_overrides)
 from marl_llm.cli import eval as eval_cli
 from marl_llm.config import UserError
 from marl_llm.runs.export import MANIFEST, export_agents, load_agents, read_manifest
@@ -23,14 +24,23 @@ IDS = torch.tensor([[1, 5, 9, 42, 7, 300, 12, 8]])
 
 
 def logits(model) -> torch.Tensor:
+    """The logits of IDS: fp32 at least, fp64 for a float64 model."""
     with torch.no_grad():
-        return model(input_ids=IDS.to(model.device)).logits.float().cpu()
+        out = model(input_ids=IDS.to(model.device)).logits
+    return out.to(torch.promote_types(out.dtype, torch.float32)).cpu()
 
 
-def base_model(path):
+def base_model(path, dtype=torch.float64):
+    """A checkpoint as its users load it; float64 by default (the tests compare its logits with the
+    policy's in float64, to FLOAT64_REL), with the norms in float64 as loading makes them."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    from marl_llm.models.loading import norms_in_float64
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if dtype == torch.float64:
+        norms_in_float64(model)
+    return model
 
 
 def agent_logits(policies, i) -> torch.Tensor:
@@ -59,7 +69,11 @@ def trained_run(tiny_model_dir, tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.numerics
 def test_training_exports_peft_adapters_that_give_the_trained_policys_logits(trained_run, tiny_model_dir):
+    """The exported peft adapter on its base vs the policy rebuilt from the run's config and
+    checkpoint: logits, both loaded in float64 (the fp32-trained weights are exact in it), to
+    FLOAT64_REL of the largest logit; training moved them by far more."""
     from peft import PeftModel
 
     agents = trained_run / "agents"
@@ -76,6 +90,7 @@ def test_training_exports_peft_adapters_that_give_the_trained_policys_logits(tra
 
     # The policy as training left it: the run's config, the checkpoint's adapters.
     cfg = OmegaConf.load(trained_run / "config.yaml")
+    cfg.model.dtype = "float64"
     policies = AgentPolicies(("aux", "main"), cfg.model, cfg.algo, cfg.seed)
     ckpt = torch.load(trained_run / "checkpoint.pt", weights_only=True)
     policies.load_adapter_state(ckpt["adapters"])
@@ -83,18 +98,23 @@ def test_training_exports_peft_adapters_that_give_the_trained_policys_logits(tra
     for i, name in enumerate(("aux", "main")):
         loaded = PeftModel.from_pretrained(base_model(manifest["agents"][i]["base_model"]), agents / name).eval()
         expected = agent_logits(policies, i)
+        assert expected.dtype == torch.float64
         assert (expected - base_logits).abs().max() > 1e-4, "the adapter should have moved in training"
-        torch.testing.assert_close(logits(loaded), expected, rtol=1e-5, atol=1e-5)
+        assert_close_to_scale(logits(loaded), expected, FLOAT64_REL, f"{name} logits")
 
 
+@pytest.mark.numerics
 def test_export_round_trip_per_agent_and_shared(tiny_model_dir, tmp_path):
+    """The exported adapters on their base (peft) vs the policies: logits, float64, to
+    FLOAT64_REL of the largest logit; loaded back into other policies: the same weights, bitwise."""
     from peft import PeftModel
 
     cfg = compose_config(tiny_overrides(tiny_model_dir, tmp_path))
     for adapters in ("per_agent", "shared"):
         run_dir = tmp_path / adapters
         run_dir.mkdir()
-        policies = make_policies(tiny_model_dir, adapters=adapters)  # random LoRA B: the adapters matter
+        # random LoRA B: the adapters matter
+        policies = make_policies(tiny_model_dir, adapters=adapters, dtype="float64")
         agents = export_agents(run_dir, cfg, policies, step=7)
         manifest = read_manifest(agents)
         dirs = ["aux", "main"] if adapters == "per_agent" else ["shared", "shared"]
@@ -102,9 +122,11 @@ def test_export_round_trip_per_agent_and_shared(tiny_model_dir, tmp_path):
         assert sorted(p.name for p in agents.iterdir()) == sorted({*dirs, MANIFEST})
         for i, a in enumerate(manifest["agents"]):
             loaded = PeftModel.from_pretrained(base_model(a["base_model"]), agents / a["dir"]).eval()
-            torch.testing.assert_close(logits(loaded), agent_logits(policies, i), rtol=1e-5, atol=1e-5)
+            expected = agent_logits(policies, i)
+            assert expected.dtype == torch.float64
+            assert_close_to_scale(logits(loaded), expected, FLOAT64_REL, f"{a['name']} logits")
         # And back: another team (other random adapters) loads the export exactly.
-        other = make_policies(tiny_model_dir, adapters=adapters, seed=1)
+        other = make_policies(tiny_model_dir, adapters=adapters, seed=1, dtype="float64")
         load_agents(other, agents, manifest, ["aux", "main"])
         want, got = policies.adapter_state(), other.adapter_state()
         assert want.keys() == got.keys() and all(torch.equal(want[k][n], got[k][n]) for k in want for n in want[k])
@@ -125,11 +147,15 @@ def test_exported_files_follow_the_umask(tiny_model_dir, tmp_path):
     assert {m for p, m in modes.items() if (tmp_path / p).is_dir()} == {0o775}
 
 
+@pytest.mark.numerics
 def test_full_fine_tune_exports_whole_models_and_replaces_an_earlier_export(tiny_model_dir, tmp_path):
+    """Exported whole models vs the fully fine-tuned policies, and policies loaded back from the
+    export vs the originals: logits, float64 (model.dtype=float64), to FLOAT64_REL of the largest
+    logit; only the changed policy differs from the base, by far more."""
     from transformers import AutoTokenizer
 
     cfg = compose_config([o for o in tiny_overrides(tiny_model_dir, tmp_path) if not o.startswith("algo.lora")]
-                         + ["algo.lora=null"])
+                         + ["algo.lora=null", "model.dtype=float64"])
     policies = AgentPolicies(("aux", "main"), cfg.model, cfg.algo, cfg.seed)
     with torch.no_grad():  # make agent aux's model its own
         policies.models[0].get_input_embeddings().weight.mul_(1.5)
@@ -142,21 +168,25 @@ def test_full_fine_tune_exports_whole_models_and_replaces_an_earlier_export(tiny
     for i, name in enumerate(("aux", "main")):
         loaded = base_model(agents / name).eval()
         expected = agent_logits(policies, i)
-        torch.testing.assert_close(logits(loaded), expected, rtol=1e-5, atol=1e-5)
+        assert expected.dtype == torch.float64
+        assert_close_to_scale(logits(loaded), expected, FLOAT64_REL, f"{name} logits")
         assert ((expected - base_logits).abs().max() > 1e-3) == (name == "aux")
         assert AutoTokenizer.from_pretrained(agents / name).eos_token is not None
     other = AgentPolicies(("aux", "main"), cfg.model, cfg.algo, cfg.seed)
     load_agents(other, agents, manifest, ["aux", "main"])
-    torch.testing.assert_close(agent_logits(other, 0), agent_logits(policies, 0))
+    assert_close_to_scale(agent_logits(other, 0), agent_logits(policies, 0), FLOAT64_REL, "reloaded logits")
 
 
+@pytest.mark.numerics
 def test_checkpoint_weights_load_into_another_tasks_agents_by_position(tiny_model_dir):
-    trained = make_policies(tiny_model_dir)  # aux, main
-    team = make_policies(tiny_model_dir, agents=("tool", "plan"), seed=3)
+    """Another team's agents loaded from a checkpoint by position vs the trained agents: logits,
+    float64, to FLOAT64_REL of the largest logit."""
+    trained = make_policies(tiny_model_dir, dtype="float64")  # aux, main
+    team = make_policies(tiny_model_dir, agents=("tool", "plan"), seed=3, dtype="float64")
     ckpt = {"path": "checkpoint.pt", "weights": "lora", "adapters": trained.adapter_state()}
     eval_cli.load_checkpoint_weights(team, ckpt, ["aux", "main"])
     for i in range(2):
-        torch.testing.assert_close(agent_logits(team, i), agent_logits(trained, i))
+        assert_close_to_scale(agent_logits(team, i), agent_logits(trained, i), FLOAT64_REL, f"agent {i} logits")
     with pytest.raises(UserError, match="holds full models but this config builds LoRA adapters"):
         eval_cli.load_checkpoint_weights(team, {**ckpt, "weights": "full"}, ["aux", "main"])
 

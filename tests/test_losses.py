@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from conftest import FLOAT64_REL, assert_close_to_scale
 from marl_llm.algos.losses import AGGREGATIONS, POLICY_LOSSES, k3_kl, policy_loss
 
 B, T, V = 4, 6, 5
@@ -42,8 +43,11 @@ def test_registries():
     assert {"seq_sum", "token_mean"} <= set(AGGREGATIONS)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("old_is_none", [False, True])
 def test_seq_sum_gradient_is_reinforce(old_is_none):
+    """policy_loss (seq_sum) vs the REINFORCE formula written out: the gradient with respect to the
+    logits, float64, to FLOAT64_REL of its largest element; the loss value vs the on-policy formula."""
     logits, tokens, mask, adv = make_batch()
 
     def ours():
@@ -63,11 +67,14 @@ def test_seq_sum_gradient_is_reinforce(old_is_none):
         return -(adv[:, None] * lp * mask).sum() / B
 
     g1, g2 = grad_of(ours, logits), grad_of(manual, logits)
-    assert g1.abs().sum() > 0
-    torch.testing.assert_close(g1, g2, atol=1e-12, rtol=0)
+    assert g1.abs().sum() > 0 and g1.dtype == torch.float64
+    assert_close_to_scale(g1, g2, FLOAT64_REL, "gradient")
 
 
+@pytest.mark.numerics
 def test_token_mean_aggregation():
+    """policy_loss (token_mean) vs its formula written out: the gradient, float64, to FLOAT64_REL
+    of its largest element; the value at ratio 1 vs its formula."""
     logits, tokens, mask, adv = make_batch(1)
 
     def ours():
@@ -78,7 +85,7 @@ def test_token_mean_aggregation():
         lp = token_logp(logits, tokens)
         return -(adv[:, None] * lp * mask).sum() / mask.sum()
 
-    torch.testing.assert_close(grad_of(ours, logits), grad_of(manual, logits), atol=1e-12, rtol=0)
+    assert_close_to_scale(grad_of(ours, logits), grad_of(manual, logits), FLOAT64_REL, "gradient")
     lp = token_logp(logits, tokens)
     loss = policy_loss(lp, lp.detach(), adv, mask, "token_mean")[0]
     want = -(adv[:, None] * mask).sum() / mask.sum()  # ratio value 1
@@ -88,7 +95,10 @@ def test_token_mean_aggregation():
     assert not math.isclose(loss.item(), seq.item())
 
 
+@pytest.mark.numerics
 def test_seq_mean_token_mean_aggregation():
+    """policy_loss (seq_mean_token_mean) vs its formula written out: the gradient, float64, to
+    FLOAT64_REL of its largest element."""
     logits, tokens, mask, adv = make_batch(2)
 
     def ours():
@@ -99,12 +109,15 @@ def test_seq_mean_token_mean_aggregation():
         lp = token_logp(logits, tokens)
         return (-(adv[:, None] * lp * mask).sum(-1) / mask.sum(-1)).mean()
 
-    torch.testing.assert_close(grad_of(ours, logits), grad_of(manual, logits), atol=1e-12, rtol=0)
+    assert_close_to_scale(grad_of(ours, logits), grad_of(manual, logits), FLOAT64_REL, "gradient")
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("aggregation", ["seq_sum", "token_mean"])
 @pytest.mark.parametrize("clip_eps", [None, 0.2])
 def test_masked_tokens_contribute_nothing(aggregation, clip_eps):
+    """The loss with 0, NaN or -1e4 in the masked (prompt, padding) positions: the same loss and
+    stats, and the same gradient, float64, to FLOAT64_REL of its largest element; exactly 0 there."""
     _, _, mask, adv = make_batch()
     torch.manual_seed(0)
     base = torch.randn(B, T, dtype=torch.float64) - 2
@@ -128,10 +141,13 @@ def test_masked_tokens_contribute_nothing(aggregation, clip_eps):
     assert stats_a == pytest.approx(stats_b)
     assert (grad_b[~m] == 0).all() and (grad_a[~m] == 0).all()
     assert (grad_b[m] != 0).all()
-    torch.testing.assert_close(grad_a, grad_b)
+    assert_close_to_scale(grad_b, grad_a, FLOAT64_REL, "gradient")
 
 
+@pytest.mark.numerics
 def test_clipping_zeroes_gradient_outside_trust_region():
+    """PPO clipping vs the gradient written out by hand (-r A / B, or 0 where clipped): float64,
+    to FLOAT64_REL of its largest element; the stats and the loss value vs their formulas."""
     eps = 0.2
     ratios = torch.tensor([1.5, 0.5, 1.05, 0.9], dtype=torch.float64)
     old = torch.zeros(2, 4, dtype=torch.float64)
@@ -149,7 +165,8 @@ def test_clipping_zeroes_gradient_outside_trust_region():
          [1.5 * 3.0 / 2, 0.0, 1.05 * 3.0 / 2, 0.9 * 3.0 / 2]],
         dtype=torch.float64,
     )
-    torch.testing.assert_close(g, want, atol=1e-12, rtol=0)
+    assert_close_to_scale(g, want, FLOAT64_REL, "gradient")
+    assert torch.all(g[want == 0] == 0)  # clipped tokens: no gradient at all
     assert stats["clip_ratio/high_mean"] == pytest.approx(1 / 8)
     assert stats["clip_ratio/low_mean"] == pytest.approx(1 / 8)
     assert stats["clip_ratio/region_mean"] == pytest.approx(2 / 8)
@@ -190,7 +207,10 @@ def test_k3_kl():
     assert (k3_kl(a, b, torch.ones(3, 7)) > 0).all()
 
 
+@pytest.mark.numerics
 def test_kl_term_in_loss():
+    """The k3 KL term vs its formula (values); the gradient with a KL term at logp == ref vs
+    without one (the KL's gradient vanishes there), float64, to FLOAT64_REL of its largest element."""
     logits, tokens, mask, adv = make_batch(3)
     lp = token_logp(logits, tokens)
     ref = (lp + 0.3).detach()
@@ -206,7 +226,7 @@ def test_kl_term_in_loss():
     g_same = torch.autograd.grad(
         policy_loss(lp, None, adv, mask, ref_logp=lp.detach(), kl_coef=1.0)[0], logits, retain_graph=True
     )[0]
-    torch.testing.assert_close(g_plain, g_same, atol=1e-12, rtol=0)
+    assert_close_to_scale(g_same, g_plain, FLOAT64_REL, "gradient")
     g_kl = torch.autograd.grad(with_kl, logits)[0]
     assert not torch.allclose(g_kl, g_plain)
 

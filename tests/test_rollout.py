@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_close_to_scale, make_policies
+from conftest import FLOAT64_REL, assert_close_to_scale, make_policies
 from marl_llm.rollout.decode import (GenRequest, HFRollout, PerRowSampling, SamplingParams, completion_logprobs,
                               cut_at_eos, encode_prompt, pad_pairs)
 
@@ -56,7 +56,9 @@ def test_generation_stops_at_eos_and_padding_is_not_part_of_the_completion(tiny_
 
 @pytest.mark.numerics
 def test_completion_mask_and_logprobs_ignore_prompt_and_padding(tiny_model_dir):
-    policies = make_policies(tiny_model_dir)
+    """Masks and positions exactly; batched, left-padded scoring vs each pair scored alone and
+    unpadded by hand: log-probs, float64, to FLOAT64_REL of the largest element."""
+    policies = make_policies(tiny_model_dir, dtype="float64")
     model = policies.models[0]
     model.set_adapter("agent_aux")
     prompts = [torch.tensor([1, 10, 11, 2, 12]), torch.tensor([1, 13])]
@@ -70,15 +72,18 @@ def test_completion_mask_and_logprobs_ignore_prompt_and_padding(tiny_model_dir):
         # Same log-probs as scoring each pair alone, unpadded, by hand.
         for b in range(2):
             full = torch.cat([prompts[b], comps[b]]).unsqueeze(0)
-            lp = torch.log_softmax(model(input_ids=full).logits[0, :-1].float(), -1)
+            lp = torch.log_softmax(model(input_ids=full).logits[0, :-1], -1)
             want = lp[len(prompts[b]) - 1:].gather(1, comps[b].unsqueeze(1)).squeeze(1)
-            assert_close_to_scale(logp[b, : len(comps[b])], want, 1e-5, "log-probs")
+            assert want.dtype == logp.dtype == torch.float64
+            assert_close_to_scale(logp[b, : len(comps[b])], want, FLOAT64_REL, "log-probs")
             assert torch.all(logp[b, len(comps[b]):] == 0)
 
 
 @pytest.mark.numerics
 def test_padding_rows_do_not_change_a_completions_logprobs(tiny_model_dir):
-    policies = make_policies(tiny_model_dir)
+    """A completion scored alone vs batched with a longer neighbour (padding after its EOS):
+    log-probs, float64, to FLOAT64_REL of the largest element."""
+    policies = make_policies(tiny_model_dir, dtype="float64")
     model = policies.models[0]
     prompts, comps = [torch.tensor([1, 10, 11, 12])], [torch.tensor([20, 2])]
     with torch.no_grad():
@@ -87,12 +92,15 @@ def test_padding_rows_do_not_change_a_completions_logprobs(tiny_model_dir):
         # real tokens score exactly as alone.
         both, mask, _ = completion_logprobs(model, prompts * 2, comps + [torch.tensor([20, 21, 22, 23, 2])], 2)
     assert mask[0].tolist() == [1, 1, 0, 0, 0]
-    assert_close_to_scale(both[0, :2], alone[0], 1e-5, "log-probs")
+    assert_close_to_scale(both[0, :2], alone[0], FLOAT64_REL, "log-probs")
     assert torch.all(both[0, 2:] == 0)
 
 
+@pytest.mark.numerics
 def test_mixed_adapter_batch_matches_per_agent_generation(tiny_model_dir):
-    policies = make_policies(tiny_model_dir)
+    """Greedy generation of a mixed-adapter batch vs each agent's row alone: the same token ids,
+    on a float64 model (a near-tie between two tokens cannot flip on the batch's rounding)."""
+    policies = make_policies(tiny_model_dir, dtype="float64")
     ro = HFRollout(policies)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
     mixed = ro.generate([GenRequest(0, "solve it", greedy), GenRequest(1, "solve it", greedy)])
@@ -153,10 +161,12 @@ def test_sampling_is_seeded(tiny_model_dir):
 
 @pytest.mark.numerics
 def test_siblings_share_one_prompt_encoding_with_the_same_logprobs_and_gradients(tiny_model_dir):
-    """Completions of one prompt reuse its KV cache; values and gradients match full packing."""
+    """Completions of one prompt reuse its KV cache: shared-prompt scoring vs full packing (and vs
+    each completion scored alone), log-probs and LoRA gradients, float64, to FLOAT64_REL of the
+    largest element."""
     from marl_llm.rollout.decode import _shared_prompt_logits
 
-    policies = make_policies(tiny_model_dir)
+    policies = make_policies(tiny_model_dir, dtype="float64")
     with policies.acting(0) as model:
         params = policies.adapter_parameters(0, "agent_aux")
         prompt = torch.tensor([1, 40, 41, 42, 2, 43, 44])
@@ -171,13 +181,14 @@ def test_siblings_share_one_prompt_encoding_with_the_same_logprobs_and_gradients
         packed.sum().backward()
         alone = [completion_logprobs(model, [prompt], [c], pad_id=2)[0][0] for c in comps]
     assert torch.equal(mask_s, mask_p)
-    assert_close_to_scale(shared, packed, 1e-5, "log-probs")
+    assert shared.dtype == packed.dtype == torch.float64
+    assert_close_to_scale(shared, packed, FLOAT64_REL, "log-probs")
     for b, c in enumerate(comps):
-        assert_close_to_scale(shared[b, : len(c)], alone[b], 1e-5, "log-probs")
+        assert_close_to_scale(shared[b, : len(c)], alone[b], FLOAT64_REL, "log-probs")
         assert torch.all(shared[b, len(c):] == 0)
     for g_s, p in zip(grads_shared, params):
         assert g_s.abs().sum() > 0
-        assert_close_to_scale(g_s, p.grad, 1e-4, "LoRA gradient")
+        assert_close_to_scale(g_s, p.grad, FLOAT64_REL, "LoRA gradient")
 
 
 def completion_logprobs_packed(model, prompts, comps):
@@ -186,7 +197,8 @@ def completion_logprobs_packed(model, prompts, comps):
 
     ids, att, pos, cmask = pad_pairs(prompts, comps, 2)
     C = cmask.shape[1]
-    logits = model(input_ids=ids, attention_mask=att, position_ids=pos, logits_to_keep=C + 1).logits[:, :-1].float()
+    logits = model(input_ids=ids, attention_mask=att, position_ids=pos, logits_to_keep=C + 1).logits[:, :-1]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32, or fp64 for an fp64 model
     logp = torch.gather(F.log_softmax(logits, -1), 2, ids[:, -C:].unsqueeze(2)).squeeze(2)
     return logp * cmask, cmask
 
@@ -203,10 +215,12 @@ def hf_greedy(policies, agent: int, message: str, max_new_tokens: int, **kwargs)
     return cut_at_eos(seqs[0, ids.shape[1]:], policies.eos_ids[0])[0].tolist()
 
 
+@pytest.mark.numerics
 def test_decode_matches_transformers_generate_for_every_row_of_a_mixed_batch(tiny_model_dir):
     """Mixed adapters, shared prefill of siblings, rows of different prompt lengths (left
-    padding) and lengths (rows leave the batch): each row is what `generate` gives it alone."""
-    policies = make_policies(tiny_model_dir)
+    padding) and lengths (rows leave the batch): the decode loop vs `generate` on each row alone,
+    greedy, the same token ids, on a float64 model (a near-tie cannot flip on rounding)."""
+    policies = make_policies(tiny_model_dir, dtype="float64")
     ro = HFRollout(policies)
     cases = [(0, "solve it", 7), (1, "solve it", 7), (0, "solve it", 7), (1, "a much longer prompt " * 4, 3),
              (0, "short", 9)]
@@ -217,8 +231,11 @@ def test_decode_matches_transformers_generate_for_every_row_of_a_mixed_batch(tin
     assert out[0].completion_ids.tolist() != out[1].completion_ids.tolist()  # the adapters differ
 
 
+@pytest.mark.numerics
 def test_min_new_tokens_holds_back_the_end_of_sequence(tiny_model_dir):
-    policies = make_policies(tiny_model_dir)
+    """min_new_tokens in the decode loop vs in `generate`: greedy, the same token ids, on a
+    float64 model (a near-tie cannot flip on rounding)."""
+    policies = make_policies(tiny_model_dir, dtype="float64")
     ro = HFRollout(policies)
     free = ro.generate([GenRequest(0, "hello", SamplingParams(temperature=0.0, max_new_tokens=8))])[0]
     stop = free.completion_ids.tolist()[1]  # make the second greedy token an end of sequence
@@ -232,9 +249,12 @@ def test_min_new_tokens_holds_back_the_end_of_sequence(tiny_model_dir):
 
 @pytest.mark.numerics
 def test_mixed_lora_forward_equals_peft_mixed_batches(tiny_model_dir):
+    """MixedLoRA's stacked per-row adapters vs peft's mixed-batch forward (adapter_names): logits,
+    float64, to FLOAT64_REL of the largest element; peft's own forward afterwards is bitwise the
+    one before (the same code path)."""
     from marl_llm.rollout.mixed_lora import MixedLoRA
 
-    policies = make_policies(tiny_model_dir)
+    policies = make_policies(tiny_model_dir, dtype="float64")
     model = policies.models[0]
     names = ["agent_aux", "agent_main", "agent_main", "agent_aux"]
     ids = torch.randint(3, 200, (4, 9))
@@ -245,7 +265,11 @@ def test_mixed_lora_forward_equals_peft_mixed_batches(tiny_model_dir):
             lora.set_rows(names)
             got = model(input_ids=ids).logits
         after = model(input_ids=ids, adapter_names=names).logits  # peft's own forward is back
-    assert_close_to_scale(got, want, 1e-5, "logits")
+        with model.disable_adapter():
+            bare = model(input_ids=ids).logits
+    assert got.dtype == torch.float64
+    assert_close_to_scale(got, want, FLOAT64_REL, "logits")
+    assert float((want - bare).abs().max()) > 1e-3 * float(want.abs().max())  # the adapters matter
     assert torch.equal(after, want)
 
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import pytest
 import torch
 
-from conftest import compose_config, make_policies, tiny_overrides
+from conftest import FLOAT64_REL, assert_close_to_scale, compose_config, make_policies, tiny_overrides
 from marl_llm.algos.losses import policy_loss
 from marl_llm.algos.update import UpdateSettings, micro_batches, policy_update
 from marl_llm.config import UserError
@@ -308,45 +308,51 @@ def test_rollout_logprobs_equal_to_the_trainers_change_nothing(tiny_model_dir, s
         assert torch.equal(p, q)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("clip_eps", [None, 0.2])
 @pytest.mark.parametrize("aggregation", ["seq_sum", "token_mean"])
 def test_known_offsets_weight_each_tokens_gradient_by_the_truncated_ratio(tiny_model_dir, clip_eps, aggregation):
-    policies = make_policies(tiny_model_dir)
+    """The loss's gradient with respect to each token's log-prob (autograd through policy_loss)
+    against its closed form -A_b * w[b, t] / norm, in float64 (the model's log-probs and the
+    offsets): a few elementwise roundings apart, so to FLOAT64_REL (conftest.py) of the largest."""
+    policies = make_policies(tiny_model_dir, dtype="float64")
     comps = sample(policies, n=3, tokens=6)
     pad = policies.tokenizers[0].pad_token_id
     with torch.no_grad(), policies.acting(0) as model:
         logp, mask, _ = completion_logprobs(model, [c.prompt_ids for c in comps], [c.completion_ids for c in comps], pad)
+    assert logp.dtype == torch.float64
     logp = logp.requires_grad_()  # the tiny model's token log-probs, as the loss's input
     mask = mask.bool()
     # Trainer minus sampler log-prob per token, cycling over values below, at and above log(cap).
-    offsets = torch.tensor([-2.0, -0.3, 0.0, 0.4, 0.9, 3.0, 50.0])
+    offsets = torch.tensor([-2.0, -0.3, 0.0, 0.4, 0.9, 3.0, 50.0], dtype=torch.float64)
     diff = offsets[torch.arange(logp.numel()) % len(offsets)].reshape(logp.shape)
     rollout = logp.detach() - diff
     rollout[0, 1] = float("nan")  # a token the sampler gave no log-prob for: weight 1
     cap = 2.0
     w = torch.exp(diff).clamp(max=cap)
     w[0, 1] = 1.0
-    adv = torch.tensor([1.5, -0.5, 2.0])
+    adv = torch.tensor([1.5, -0.5, 2.0], dtype=torch.float64)
     loss, stats = policy_loss(logp, None, adv, mask, aggregation, clip_eps=clip_eps, rollout_logp=rollout,
                               rollout_is_cap=cap)
     loss.backward()
     # On-policy (old = logp): ratio 1 inside any clip, so d loss / d logp[b, t] = -A_b * w[b, t] / norm.
     norm = float(mask.sum()) if aggregation == "token_mean" else len(comps)
-    want = torch.where(mask, -adv[:, None] * w / norm, torch.zeros(()))
-    assert torch.allclose(logp.grad, want, rtol=1e-6, atol=1e-8)
+    want = torch.where(mask, -adv[:, None] * w / norm, torch.zeros((), dtype=torch.float64))
+    assert_close_to_scale(logp.grad, want, FLOAT64_REL, "weighted gradient")
     known = mask.clone()
     known[0, 1] = False
     assert stats["rollout_is/mean"] == pytest.approx(float(w[mask].mean()))
     assert stats["rollout_is/clip_ratio"] == pytest.approx(float((diff[known] > math.log(cap)).sum() / mask.sum()))
-    assert stats["rollout_is/logp_diff_mean"] == pytest.approx(float(diff[known].sum() / mask.sum()), rel=1e-6)
+    assert stats["rollout_is/logp_diff_mean"] == pytest.approx(float(diff[known].sum() / mask.sum()), rel=FLOAT64_REL)
 
     # No cap: no weighting (the gradient of the plain loss), the mismatch still reported.
     logp.grad = None
     loss, stats = policy_loss(logp, None, adv, mask, aggregation, clip_eps=clip_eps, rollout_logp=rollout)
     loss.backward()
-    assert torch.allclose(logp.grad, torch.where(mask, -adv[:, None] / norm, torch.zeros(())), rtol=1e-6, atol=1e-8)
+    assert_close_to_scale(logp.grad, torch.where(mask, -adv[:, None] / norm, torch.zeros((), dtype=torch.float64)),
+                          FLOAT64_REL, "plain gradient")
     assert stats["rollout_is/mean"] == 1.0 and stats["rollout_is/clip_ratio"] == 0.0
-    assert stats["rollout_is/logp_diff_mean"] == pytest.approx(float(diff[known].sum() / mask.sum()), rel=1e-6)
+    assert stats["rollout_is/logp_diff_mean"] == pytest.approx(float(diff[known].sum() / mask.sum()), rel=FLOAT64_REL)
 
 
 def test_rollout_is_cap_below_one_is_refused(tmp_path):

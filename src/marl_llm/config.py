@@ -34,7 +34,8 @@ class ModelConfig:
     path: Optional[str] = None
     embedded: bool = False
     hub_id: Optional[str] = None
-    # "auto": bfloat16 on CUDA, float32 on CPU.
+    # "auto": bfloat16 on CUDA, float32 on CPU. float64: numerical checks on the CPU (the tests compare
+    # two computations of the same numbers in it, where no CPU's summation order matters).
     dtype: str = "auto"
     # "auto": cuda when available, else cpu.
     device: str = "auto"

@@ -31,7 +31,7 @@ def check_shared(cfg: DictConfig) -> None:
     a, t = cfg.algo, cfg.trainer
     # numpy's seed is 32-bit unsigned (trainer.seed_everything seeds it with this value).
     check_value(0 <= cfg.seed <= 2**32 - 1, "seed", f"{cfg.seed} must be in [0, 2**32-1] (e.g. seed=0)")
-    check_choice(cfg, "model.dtype", ("auto", "float32", "bfloat16", "float16"))
+    check_choice(cfg, "model.dtype", ("auto", "float32", "bfloat16", "float16", "float64"))
     check_choice(cfg, "trainer.rollout", ("hf", "vllm"))
     check_choice(cfg, "trainer.decode", ("dynamic", "static", "auto"))
     check_value(t.compile_decode in (True, False, "auto"), "trainer.compile_decode",

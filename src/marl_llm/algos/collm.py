@@ -115,7 +115,8 @@ class ActorCritic(Algorithm):
             full_model(model, p.autocast_dtype, device_type=p.device.type)
             trunk = dict(model.named_parameters())
         torch.manual_seed(p.seed + 31 * (len(self.task.agent_names) + (owner or 0)))
-        head = ValueHead(model.config.hidden_size, c.hidden_layer).to(p.model_device(k))
+        head = ValueHead(model.config.hidden_size, c.hidden_layer).to(
+            p.model_device(k), torch.promote_types(torch.float32, p.dtype))
         return Critic(name, model, adapter, trunk, head, p.tokenizers[k].pad_token_id, c.learning_rate,
                       c.weight_decay, c.loss_coef, c.value_clip, c.max_grad_norm, self.micro_batch_size)
 
@@ -180,7 +181,7 @@ class ActorCritic(Algorithm):
                 critic.fit_fresh(prompts, comps, spans, estimate)
             else:
                 estimate(list(range(len(nodes))), critic.values(prompts, comps))
-            self._critic_batches.append(CriticBatch(prompts, comps, targets.float(), values.float(), fitted))
+            self._critic_batches.append(CriticBatch(prompts, comps, targets.to(critic.dtype), values.to(critic.dtype), fitted))
             for i in (range(n_agents) if owner is None else [owner]):
                 agent_adv[i] = adv
         turns = [n.turn for n in nodes]
@@ -194,7 +195,8 @@ class ActorCritic(Algorithm):
             if a.loss_tokens != "completion":  # one trajectory per environment: each sample its own node
                 pad = self.policies.tokenizers[self.policies.agents[i].model_index].pad_token_id
                 comps = [c for one in comps for c in with_loss_tokens(a.loss_tokens, [one], pad)]
-            batches.append(AgentBatch(i, comps, adv.float(), list(turns)))
+            # float32 (float64 in a float64 run: the critics' dtype)
+            batches.append(AgentBatch(i, comps, adv.to(self.critics[0].dtype), list(turns)))
         return batches
 
     def _fits_at_collection(self, critic: Critic, spans: list[list[int]]) -> bool:
@@ -263,7 +265,7 @@ class ActorCritic(Algorithm):
                 for g in same:
                     key = (policies.agents[i].model_index, policies.agents[i].adapter)
                     part = policy_update(policies, i, key, [s.completions[0] for s in g],
-                                         adv[start:start + len(g)].float(), settings, self.micro_batch_size)
+                                         adv[start:start + len(g)].to(self.critics[0].dtype), settings, self.micro_batch_size)
                     actor_parts[i].append(part)
                     start += len(g)
                     j = 0 if self.centralized else i

@@ -43,7 +43,8 @@ class ValueHead(nn.Module):
 
     def forward(self, hidden: Tensor) -> Tensor:
         """hidden: Tensor[B, h] -> values Tensor[B]."""
-        return self.net(hidden.float()).squeeze(-1)
+        # float32 at least (a bf16 trunk's hidden states are read by a float32 head), float64 in a float64 run.
+        return self.net(hidden.to(self.net[-1].weight.dtype)).squeeze(-1)
 
 
 def read_positions(prompts: list[Tensor], completions: list[Tensor] | None) -> Tensor:
@@ -79,7 +80,7 @@ def has_dropout(model) -> bool:
 @dataclass
 class _Pass:
     """One forward/backward pass over n samples whose gradient awaits the optimizer step:
-    values, targets: Tensor[n] (float32, CPU)."""
+    values, targets: Tensor[n] (Critic.dtype, CPU)."""
 
     n: int
     values: Tensor
@@ -102,6 +103,8 @@ class Critic:
                  pad_id: int, learning_rate: float, weight_decay: float, loss_coef: float,
                  value_clip: float | None, max_grad_norm: float | None, micro_batch_size: int):
         self.name, self.model, self.adapter, self.trunk, self.head = name, model, adapter, trunk, head
+        # The values' dtype: the head's (float32, or float64 in a float64 run, whose values then stay exact).
+        self.dtype = head.net[-1].weight.dtype
         self.pad_id, self.loss_coef, self.value_clip = pad_id, loss_coef, value_clip
         self.max_grad_norm = float("inf") if max_grad_norm is None else max_grad_norm
         self.micro_batch_size = micro_batch_size
@@ -134,13 +137,13 @@ class Critic:
 
     @torch.no_grad()
     def values(self, prompts: list[Tensor], completions: list[Tensor] | None = None) -> Tensor:
-        """The critic's current values: Tensor[n] (float32, CPU)."""
+        """The critic's current values: Tensor[n] (self.dtype, CPU)."""
         self._activate()
-        out = torch.zeros(len(prompts))
+        out = torch.zeros(len(prompts), dtype=self.dtype)
         chunks = self._chunks(prompts, completions)
         with fsdp.passes(self.model, len(chunks), grad=False):
             for idx in chunks:
-                out[idx] = self._forward(prompts, completions, idx).float().cpu()
+                out[idx] = self._forward(prompts, completions, idx).to(self.dtype).cpu()
         return out
 
     def rebind(self) -> None:
@@ -190,7 +193,7 @@ class Critic:
             chunks = distributed.shard(chunks)
         rows = sorted(j for idx in chunks for j in idx)
         n = len(rows)
-        out = _Pass(n, torch.zeros(len(prompts)), torch.zeros(len(prompts)), rows=rows)
+        out = _Pass(n, torch.zeros(len(prompts), dtype=self.dtype), torch.zeros(len(prompts), dtype=self.dtype), rows=rows)
         try:
             with fsdp.passes(self.model, len(chunks), grad=True, weight=n) as out.agreed:
                 self._passes(prompts, completions, chunks, targets_of, old_of, out, out.agreed.loss_scale(n))
@@ -205,9 +208,9 @@ class Critic:
         n = out.n
         for idx in chunks:
             v = self._forward(prompts, completions, idx)
-            seen = v.detach().float().cpu()
+            seen = v.detach().to(self.dtype).cpu()
             out.values[idx] = seen
-            out.targets[idx] = targets_of(idx, seen).float()
+            out.targets[idx] = targets_of(idx, seen).to(self.dtype)
             y = out.targets[idx].to(v.device, v.dtype)
             err = (v - y) ** 2
             if self.value_clip is not None:
@@ -228,7 +231,7 @@ class Critic:
         self.optimizer.zero_grad(set_to_none=True)  # the gradients' memory back before the next rollout
         if not done.rows:  # a rank whose share was empty: it still took the synced step
             return {"grad_norm": grad_norm, "learning_rate": float(self.optimizer.param_groups[0]["lr"])}
-        values, y = done.values[done.rows], done.targets[done.rows].float()
+        values, y = done.values[done.rows], done.targets[done.rows]
         var_y = float(y.var(unbiased=False)) if n > 1 else 0.0
         stats = {"vf_loss": loss_sum, "values/mean": float(values.mean()), "returns/mean": float(y.mean()),
                  "vf_explained_var": (1.0 - float((y - values).var(unbiased=False)) / var_y) if var_y > 0 else 0.0,

@@ -139,7 +139,8 @@ def sync_gradients(params: Iterable[torch.Tensor], weight: float) -> float:
         buckets[-1].append(p)
         size += p.numel()
     largest = max(sum(p.numel() for p in b) for b in buckets)
-    buf = torch.empty(largest, dtype=torch.float32, device=device)
+    dtype = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32  # a float64 run's stays exact
+    buf = torch.empty(largest, dtype=dtype, device=device)
     for bucket in buckets:
         flat = buf[:sum(p.numel() for p in bucket)]
         offset = 0

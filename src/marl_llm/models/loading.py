@@ -16,6 +16,7 @@ import re
 import shutil
 import tempfile
 import time
+import types
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -64,7 +65,7 @@ def check_device_for_ranks(name: str, world_size: int) -> None:
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}[name]
 
 
 # ------------------------------------------------------------------------------- embedded model
@@ -245,7 +246,30 @@ def load_base(spec: str | None, cfg: Any, device: torch.device, dtype: torch.dty
     tokenizer.prompt_format = prompt_format(tokenizer, cfg.get("chat_template", "auto"),
                                             cfg.get("chat_template_kwargs") or {}, cfg.name or source)
     model.requires_grad_(False)
+    if dtype == torch.float64:
+        norms_in_float64(model)
     return model, tokenizer
+
+
+# The RMSNorms of these families upcast to float32 only (`hidden.to(torch.float32)`): in a float64
+# model they would round every layer's output to float32, which is what model.dtype=float64 is there
+# to avoid (development.md#numerics-on-other-cpus).
+FLOAT32_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+
+
+def _rms_norm_in_own_dtype(self, hidden: torch.Tensor) -> torch.Tensor:
+    """The same formula as those classes' forward, without their cast to float32."""
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def norms_in_float64(model) -> int:
+    """Make a float64 model's FLOAT32_NORMS compute in float64 (bound per instance, so copy.deepcopy
+    rebinds them to the copy); returns how many. A model with other norms keeps them as they are."""
+    norms = [m for m in model.modules() if type(m).__name__ in FLOAT32_NORMS]
+    for m in norms:
+        m.forward = types.MethodType(_rms_norm_in_own_dtype, m)
+    return len(norms)
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
