@@ -44,7 +44,7 @@ PYTEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not exclusive"
 	$(PY) -m pytest -q -p no:cacheprovider -m exclusive
-	$(NUMERICS_ENV) $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile -m numerics
+	$(NUMERICS_ENV) $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile -m "numerics and not cross_order"
 	$(PY) scripts/check_wheel.py --torch "$(TORCH)"
 
 # The package as a user installs it: the wheel (no setuptools warnings, its LICENSE, never the

@@ -46,6 +46,13 @@ def numerics_env() -> dict[str, str]:
     return dict(word.split("=", 1) for word in shlex.split(line.split("?=", 1)[1]))
 
 
+def ranks_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for the gloo ranks of a `cross_order` test: NUMERICS_ENV, the other summation order, while
+    its one-process reference runs in the order of the pytest process. Such a test compares runs
+    in the two orders (both in float64) each time it runs, so the rerun under NUMERICS_ENV skips it."""
+    return {**env, **numerics_env()}
+
+
 def build_tiny_model(path: Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM

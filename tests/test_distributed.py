@@ -15,6 +15,11 @@ at init, moved by more than a tenth of that) and float32 rounding would already 
 Seen: at most 4.7e-15. The logged gradient norms agree to GRAD_REL = 1e-9 of their value: step 1's
 is a reduction compared directly (FLOAT64_REL, 1e-12), step 2's is taken at parameters that differ
 by at most ATOL, through an O(1) sensitivity.
+
+Summation orders (`cross_order`): the ranks run under the Makefile's NUMERICS_ENV (one thread,
+ATen's scalar kernels, MKL's conservative code path) and the one-process runs in the pytest
+process's order, so every run of these tests compares the two summation orders; make test's
+rerun under NUMERICS_ENV skips them (docs/development.md#numerics-on-other-cpus).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import VENV_BIN, rank_port, torchrun
+from conftest import VENV_BIN, rank_port, ranks_env, torchrun
 from test_trainer import adapters, metrics
 
 ATOL = 1e-9  # float64 eps 1.1e-16 x Adam's lr / eps_adam (1e5) x STEPS (2) ~ 2e-11, see the docstring
@@ -65,7 +70,7 @@ LAUNCHERS = {
 
 def launch(launcher, args, cwd):
     cmd = [*LAUNCHERS[launcher](), *args]
-    return subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, cwd=cwd, env=ranks_env(env()), capture_output=True, text=True, timeout=600)
 
 
 _ONE_PROCESS: dict[tuple[str, ...], object] = {}
@@ -90,13 +95,15 @@ FSDP = ["trainer.eval_after=true", "trainer.eval_max_problems=2"]
 
 
 @pytest.mark.numerics
+@pytest.mark.cross_order
 @pytest.mark.slow
 @pytest.mark.parametrize("algo,launcher,fsdp", [("magrpo", "torchrun", False), ("collm_cc", "accelerate", False),
                                                 ("magrpo", "accelerate", True), ("collm_cc", "torchrun", True)])
 def test_two_processes_match_one_process(tiny_model_dir, tmp_path, tmp_path_factory, algo, launcher, fsdp):
     """Two computations of the same training: 2 data-parallel ranks (each half the batch, gradients
     all-reduced; with FSDP the frozen base sharded) against one process with the whole batch, both
-    in float64; adapters and critics agree to ATOL, the metrics to GRAD_REL (module docstring)."""
+    in float64 (the ranks under NUMERICS_ENV, one process in the machine's summation order); adapters and
+    critics agree to ATOL, the metrics to GRAD_REL (module docstring)."""
     args = run_args(tiny_model_dir, *SETTINGS[algo], *(FSDP if fsdp else []))
     one = one_process(run_args(tiny_model_dir, *SETTINGS[algo]), tmp_path_factory)  # its evaluation is not compared
     # No run_dir: the ranks must agree on Hydra's time-stamped output dir by themselves.
@@ -140,17 +147,19 @@ def test_two_processes_match_one_process(tiny_model_dir, tmp_path, tmp_path_fact
 
 
 @pytest.mark.numerics
+@pytest.mark.cross_order
 @pytest.mark.slow
 def test_slurm_tasks_become_ranks(tiny_model_dir, tmp_path, tmp_path_factory):
     """A submitit job with 2 tasks (what hydra/launcher=slurm starts for 2 GPUs) is one 2-rank run:
     here through submitit's local executor, which exports the same job environment. Compared: its
-    adapters against one process's, both in float64, to ATOL (module docstring)."""
+    adapters against one process's, both in float64 (the ranks under NUMERICS_ENV, one process in the
+    machine's summation order), to ATOL (module docstring)."""
     args = run_args(tiny_model_dir, *SETTINGS["magrpo"])
     one = one_process(args, tmp_path_factory)
     sweep = tmp_path / "sweep"
     out = subprocess.run([str(VENV_BIN / "marl-llm"), "-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2",
                           "hydra.launcher.gpus_per_node=0", f"hydra.sweep.dir={sweep}", *args, "seed=0"],
-                         cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=600)
+                         cwd=tmp_path, env=ranks_env(env()), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     runs = [p.parent for p in sweep.rglob("checkpoint.pt")]
     assert len(runs) == 1

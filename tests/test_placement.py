@@ -11,7 +11,12 @@ near-zero entry by at most lr / eps_adam per step. 2 steps of LoRA at lr 1e-3:
 1.1e-16 x 1e5 x 2 ~ 2e-11, asserted LORA_ATOL = 1e-9; 2 steps of full fine-tuning at lr 1e-4:
 1.1e-16 x 1e4 x 2 ~ 2e-12, asserted FULL_ATOL = 1e-10 (50-fold margins; float32 would differ by
 ~1e-6). Logged gradient norms: GRAD_REL = 1e-9 (step 1's a reduction compared directly, step 2's
-taken at parameters within the ATOL)."""
+taken at parameters within the ATOL).
+
+Summation orders (`cross_order`): the ranks run under the Makefile's NUMERICS_ENV (one thread,
+ATen's scalar kernels, MKL's conservative code path) and the one-process runs in the pytest
+process's order, so every run of these tests compares the two summation orders; make test's
+rerun under NUMERICS_ENV skips them (docs/development.md#numerics-on-other-cpus)."""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import VENV_BIN, compose_config, torchrun
+from conftest import VENV_BIN, compose_config, ranks_env, torchrun
 from test_distributed import env
 from test_sharded_training import agents, worst
 from test_trainer import adapters, metrics
@@ -39,7 +44,8 @@ def cli(ranks: int) -> list[str]:
 
 
 def run(ranks, run_dir, *args):
-    out = subprocess.run([*cli(ranks), *args, f"run_dir={run_dir}"], env=env(), capture_output=True, text=True,
+    out = subprocess.run([*cli(ranks), *args, f"run_dir={run_dir}"], env=ranks_env(env()) if ranks > 1 else env(),
+                         capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     return out
@@ -53,10 +59,12 @@ def common(model_dir):
 
 
 @pytest.mark.numerics
+@pytest.mark.cross_order
 @pytest.mark.slow
 def test_one_prompt_on_two_ranks_shares_its_joint_actions_and_equals_one_process(tiny_model_dir, tmp_path):
     """One prompt per step on 2 ranks that share its joint actions against one process, both in
-    float64: equal rewards, token counts and evaluation, grad norms to GRAD_REL, LoRA adapters after
+    float64 (the ranks under NUMERICS_ENV, one process in the machine's summation order): equal rewards,
+    token counts and evaluation, grad norms to GRAD_REL, LoRA adapters after
     2 steps at lr 1e-3 to LORA_ATOL (module docstring)."""
     args = [*common(tiny_model_dir), F64, "algo.lora.r=4", "algo.lora.target_modules=[q_proj,v_proj]",
             "algo.learning_rate=1e-3", "trainer.eval_after=true", "trainer.eval_max_problems=2"]
@@ -78,10 +86,12 @@ def test_one_prompt_on_two_ranks_shares_its_joint_actions_and_equals_one_process
 
 
 @pytest.mark.numerics
+@pytest.mark.cross_order
 @pytest.mark.slow
 def test_each_policy_on_its_own_group_of_ranks_equals_one_process(tiny_model_dir, tmp_path):
     """Each fully fine-tuned policy on its own rank (placement=groups, FSDP) against both on one
-    process, both in float64: the exported weights after 2 steps at lr 1e-4 agree to FULL_ATOL,
+    process, both in float64 (the ranks under NUMERICS_ENV, one process in the machine's summation
+    order): the exported weights after 2 steps at lr 1e-4 agree to FULL_ATOL,
     the grad norms to GRAD_REL (module docstring)."""
     args = [*common(tiny_model_dir), F64, "algo.lora=null", "algo.learning_rate=1e-4",
             "trainer.eval_after=false"]

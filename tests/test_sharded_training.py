@@ -11,7 +11,12 @@ by at most lr / eps_adam = 1e-4 / 1e-8 = 1e4 per step: after 2 steps ~1.1e-16 x 
 Asserted: ATOL = 1e-10 (a 50-fold margin; float32 would differ by ~1e-6), while the weights moved
 by more than 1e-4. Logged gradient norms and critic losses: GRAD_REL = 1e-9 (step 1's a reduction
 compared directly, step 2's taken at parameters within ATOL). A resume on the same 2 ranks runs
-the same sums in the same order: bitwise the uninterrupted run."""
+the same sums in the same order: bitwise the uninterrupted run.
+
+Summation orders (`cross_order`): the ranks run under the Makefile's NUMERICS_ENV (one thread,
+ATen's scalar kernels, MKL's conservative code path) and the one-process runs in the pytest
+process's order, so every run of these tests compares the two summation orders; make test's
+rerun under NUMERICS_ENV skips them (docs/development.md#numerics-on-other-cpus)."""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import VENV_BIN, torchrun
+from conftest import VENV_BIN, ranks_env, torchrun
 from test_distributed import env
 from test_trainer import metrics
 
@@ -41,7 +46,8 @@ def args(model_dir, *extra):
 def run(ranks, model_dir, run_dir, *extra, fault=None):
     cmd = ([str(VENV_BIN / "marl-llm")] if ranks == 1 else
            torchrun(ranks, "-m", "marl_llm"))
-    environ = env() if fault is None else dict(env(), MARL_LLM_FAULT=fault)
+    environ = ranks_env(env()) if ranks > 1 else env()
+    environ = environ if fault is None else dict(environ, MARL_LLM_FAULT=fault)
     return subprocess.run([*cmd, *args(model_dir, *extra), f"run_dir={run_dir}"], env=environ, capture_output=True,
                           text=True, timeout=600)
 
@@ -64,9 +70,11 @@ def worst(a, b):
 
 
 @pytest.mark.numerics
+@pytest.mark.cross_order
 def test_full_fine_tuning_on_two_ranks_equals_one_process_and_resumes_on_any_world_size(tiny_model_dir, tmp_path):
     """Full fine-tuning sharded over 2 ranks against one process, and a 2-rank checkpoint resumed
-    on 1 and 4 ranks against the uninterrupted 2-rank run, all in float64: to ATOL (module
+    on 1 and 4 ranks against the uninterrupted 2-rank run, all in float64 (the ranks under NUMERICS_ENV,
+    one process in the machine's summation order): to ATOL (module
     docstring); resumed on the same 2 ranks: bitwise."""
     one, two = tmp_path / "one", tmp_path / "two"
     ok(run(1, tiny_model_dir, one, "trainer.max_steps=2", F64))
@@ -120,9 +128,11 @@ def test_kill_during_a_sharded_save_leaves_the_previous_checkpoint_usable(tiny_m
 
 
 @pytest.mark.numerics
+@pytest.mark.cross_order
 def test_a_separate_critic_trains_sharded_and_equals_one_process(tiny_model_dir, tmp_path):
     """CoLLM-CC with a separate, fully trained critic sharded over 2 ranks against one process,
-    both in float64: the critic's grad norms and losses to GRAD_REL, the agents after 2 steps at
+    both in float64 (the ranks under NUMERICS_ENV, one process in the machine's summation order): the
+    critic's grad norms and losses to GRAD_REL, the agents after 2 steps at
     lr 1e-4 to ATOL (module docstring)."""
     critic = [F64, "algo=collm_cc", "task=tldr", "algo.critic.placement=separate", "algo.num_turns=1", "trainer.max_steps=2"]
     drop = ("algo=magrpo", "algo.num_generations", "algo.baseline")
@@ -132,7 +142,8 @@ def test_a_separate_critic_trains_sharded_and_equals_one_process(tiny_model_dir,
         cmd = ([str(VENV_BIN / "marl-llm")] if ranks == 1 else
                torchrun(ranks, "-m", "marl_llm"))
         base = [a for a in args(tiny_model_dir) if not a.startswith(drop)]
-        return ok(subprocess.run([*cmd, *base, *critic, f"run_dir={run_dir}"], env=env(), capture_output=True,
+        return ok(subprocess.run([*cmd, *base, *critic, f"run_dir={run_dir}"],
+                                 env=ranks_env(env()) if ranks > 1 else env(), capture_output=True,
                                  text=True, timeout=600))
 
     critic_run(1, one)

@@ -49,7 +49,7 @@ from marl_llm.config import UserError
 from marl_llm.distributed import fsdp, placement
 from marl_llm.training.episodes import JointNode, JointTree, trajectories
 from marl_llm.training.rollout_metrics import reward_metrics
-from marl_llm.models.policies import full_model, lora_weights
+from marl_llm.models.policies import created_in, full_model, lora_weights
 from marl_llm.models.loading import load_base
 from marl_llm.models.prompting import encode_prompt
 from marl_llm.tasks.base import Problem
@@ -115,8 +115,9 @@ class ActorCritic(Algorithm):
             full_model(model, p.autocast_dtype, device_type=p.device.type)
             trunk = dict(model.named_parameters())
         torch.manual_seed(p.seed + 31 * (len(self.task.agent_names) + (owner or 0)))
-        head = ValueHead(model.config.hidden_size, c.hidden_layer).to(
-            p.model_device(k), torch.promote_types(torch.float32, p.dtype))
+        with created_in(p.dtype):
+            head = ValueHead(model.config.hidden_size, c.hidden_layer).to(
+                p.model_device(k), torch.promote_types(torch.float32, p.dtype))
         return Critic(name, model, adapter, trunk, head, p.tokenizers[k].pad_token_id, c.learning_rate,
                       c.weight_decay, c.loss_coef, c.value_clip, c.max_grad_norm, self.micro_batch_size)
 

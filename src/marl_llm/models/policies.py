@@ -43,6 +43,24 @@ def master_weights_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtyp
     return dtype if dtype in (torch.bfloat16, torch.float16) else None
 
 
+@contextlib.contextmanager
+def created_in(dtype: torch.dtype):
+    """Inside, modules are created (and randomly initialized) in float64 when `dtype` is float64, else
+    as usual. Why: peft creates LoRA weights in torch's default dtype (float32) and casts them to the
+    base's; float32 draws (kaiming_uniform_, normal_) round differently under ATen's scalar and vector
+    kernels, so a float64 run would start from other weights on another CPU
+    (development.md#numerics-on-other-cpus)."""
+    if dtype != torch.float64:
+        yield
+        return
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
 def check_trainable_dtype(dtype: torch.dtype) -> None:
     """Refuse fp16 training: without loss scaling small gradients underflow to zero in fp16,
     and bf16 (same memory, fp32's exponent range) needs none."""
@@ -171,6 +189,10 @@ class AgentPolicies:
 
     def __init__(self, agent_names: tuple[str, ...], model_cfg: Any, algo_cfg: Any, seed: int,
                  load_on_cpu: bool = False):
+        with created_in(resolve_dtype(model_cfg.dtype, resolve_device(model_cfg.device))):
+            self._build(agent_names, model_cfg, algo_cfg, seed, load_on_cpu)
+
+    def _build(self, agent_names: tuple[str, ...], model_cfg: Any, algo_cfg: Any, seed: int, load_on_cpu: bool):
         from peft import LoraConfig, get_peft_model
 
         self.device = resolve_device(model_cfg.device)
@@ -315,7 +337,8 @@ class AgentPolicies:
         if name in model.peft_config:
             raise ValueError(f"adapter {name!r} already exists on model {model_index}")
         torch.manual_seed(self.seed + 1000 * model_index + len(model.peft_config))
-        model.add_adapter(name, copy.deepcopy(self.lora))
+        with created_in(self.dtype):
+            model.add_adapter(name, copy.deepcopy(self.lora))
         params = lora_weights(model, name)
         for p in params.values():
             p.requires_grad_(True)
