@@ -138,6 +138,17 @@ def test_missing_lora_targets_name_the_fix(tiny_model_dir):
         AgentPolicies(("a", "b"), model_cfg, algo_cfg, 0)
 
 
+def assert_same_float64_states(got, want) -> None:
+    """Two adapter_state()s ({key: {name: tensor}}) of float64 policies: the same weights, each to
+    FLOAT64_REL of its largest element."""
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].keys() == want[k].keys()
+        for n in want[k]:
+            assert want[k][n].dtype == torch.float64
+            assert_close_to_scale(got[k][n], want[k][n], FLOAT64_REL, f"{k} {n}")
+
+
 @pytest.mark.numerics
 def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir):
     """A MAGRPO update with gradient checkpointing vs without: every adapter weight after the
@@ -154,10 +165,5 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir):
         results.append(policies.adapter_state())
     plain, ckpt = results
     initial = make_policies(tiny_model_dir, dtype="float64").adapter_state()
-    assert plain.keys() == ckpt.keys()
-    for k in plain:
-        assert plain[k].keys() == ckpt[k].keys()
-        for n in plain[k]:
-            assert plain[k][n].dtype == torch.float64
-            assert_close_to_scale(ckpt[k][n], plain[k][n], FLOAT64_REL, f"{k} {n}")
+    assert_same_float64_states(ckpt, plain)
     assert any(float((plain[k][n] - initial[k][n]).abs().max()) > 1e-6 for k in plain for n in plain[k])

@@ -22,7 +22,7 @@ from marl_llm.rollout.sampling import SamplingParams
 from marl_llm.training.setup import build
 from marl_llm.training.trainer import train, train_step
 
-from test_agents import make_batches, magrpo
+from test_agents import assert_same_float64_states, make_batches, magrpo
 from test_trainer import adapters, same_adapters
 
 
@@ -149,12 +149,7 @@ def test_gradient_checkpointing_gives_the_same_full_update(tiny_model_dir):
         magrpo(p, "algo.lora=null").update(make_batches(p))
         results.append(p.adapter_state())
     plain, ckpt = results
-    assert plain.keys() == ckpt.keys()
-    for k in plain:
-        assert plain[k].keys() == ckpt[k].keys()
-        for n in plain[k]:
-            assert plain[k][n].dtype == torch.float64
-            assert_close_to_scale(ckpt[k][n], plain[k][n], FLOAT64_REL, f"{k} {n}")
+    assert_same_float64_states(ckpt, plain)
     assert all(not torch.equal(w, initial[k][n]) for k in plain for n, w in plain[k].items())  # every weight moved
 
 
