@@ -4,6 +4,7 @@ gradient checkpointing, fp16 refusal and deterministic mode."""
 
 from __future__ import annotations
 
+import collections
 import os
 
 import pytest
@@ -142,6 +143,27 @@ def test_deterministic_mode_sets_cublas_workspace_before_cuda_and_can_be_turned_
         seed_everything(0, deterministic=False)
 
 
+def test_deterministic_mode_asks_flash_attention_for_its_deterministic_backward(monkeypatch):
+    """torch's deterministic mode does not reach the flash-attn extension: transformers passes
+    flash-attention 2 `deterministic=True` only under FLASH_ATTENTION_DETERMINISTIC=1, which
+    trainer.deterministic sets (its flash kwargs are built here with every feature supported, as
+    an installed flash-attn >= 2.4.1 reports)."""
+    from transformers.modeling_flash_attention_utils import _process_flash_attention_kwargs
+
+    supported = collections.defaultdict(lambda: True)
+
+    def flash_kwargs():
+        return _process_flash_attention_kwargs(4, 4, is_causal=True, supports_mapping=supported)
+
+    monkeypatch.delenv("FLASH_ATTENTION_DETERMINISTIC", raising=False)
+    assert flash_kwargs()["deterministic"] is False  # flash-attn's default: a backward whose sums vary
+    try:
+        seed_everything(0, deterministic=True)
+        assert flash_kwargs()["deterministic"] is True
+    finally:
+        seed_everything(0, deterministic=False)
+
+
 @pytest.mark.skipif(TEST_DEVICE != "cpu", reason="checks the CPU default of the test switch")
 def test_the_test_device_switch_defaults_to_the_cpu(tiny_model_dir, tmp_path):
     cfg = compose_config(tiny_overrides(tiny_model_dir, tmp_path))
@@ -163,6 +185,21 @@ def test_adamw_is_fused_on_cuda_and_keeps_the_runs_choice_on_resume(tiny_model_d
         saved["param_groups"][0]["fused"] = not fused  # a checkpoint of the other kind of run
         restore_implementation(opt, saved)
         assert bool(opt.param_groups[0]["fused"]) == fused
+
+
+def test_a_rebuilt_adamw_takes_the_implementation_of_its_new_parameters_device():
+    """FSDP rebuilds the optimizers over the shards (`same_optimizer`), which live on the GPU
+    though the model loaded on the CPU: the rebuilt AdamW is chosen for the shards' device, not
+    copied from the first one. Here the first is fused (torch has a fused CPU kernel) and the
+    shards are on the CPU, where the project's choice is torch's default; a fused AdamW over
+    DTensor shards steps as the foreach one does: test_sharded_loading.py."""
+    from marl_llm.models.policies import same_optimizer
+
+    params = [torch.nn.Parameter(torch.randn(3, 2))]
+    first = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1, fused=True)
+    rebuilt = same_optimizer(first, params)
+    assert isinstance(rebuilt, torch.optim.AdamW) and not rebuilt.defaults["fused"]
+    assert (rebuilt.defaults["lr"], rebuilt.defaults["weight_decay"]) == (1e-3, 0.1)
 
 
 def test_gradients_are_freed_after_the_optimizer_step(tiny_model_dir, tmp_path):

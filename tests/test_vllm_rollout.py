@@ -448,12 +448,19 @@ def test_several_processes_run_one_engine_each_through_the_external_launcher(tin
     sys.modules["vllm"].EngineArgs = dataclasses.make_dataclass(  # a vLLM with the executor
         "EngineArgs", [("model", str, ""), ("logprobs_mode", str, "raw_logprobs"),
                        ("distributed_executor_backend", str, "")])
+    monkeypatch.setattr(vllm_rollout, "visible_gpus", lambda: 2)  # a node's 2 GPUs, both visible to each rank
     VLLMRollout(policies, sleep=False)
     (_, init), = [e for e in script.events if e[0] == "init"]
     assert init["distributed_executor_backend"] == "external_launcher" and init["tensor_parallel_size"] == 1
     assert init["seed"] == policies.seed + 1
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"]) == ("1", "1", "2")
+    # One visible GPU per task (SLURM's --gpus-per-task=1): the launcher's LOCAL_RANK=1 names a GPU
+    # this task cannot see; the engine's device index is 0, the GPU the rank computes on.
+    monkeypatch.setattr(vllm_rollout, "visible_gpus", lambda: 1)
+    os.environ["LOCAL_RANK"] = "1"
+    vllm_rollout.engine_kwargs_for_world(sys.modules["vllm"], 7)
+    assert os.environ["LOCAL_RANK"] == "0"
 
     for name, module in stand_in_vllm(Script()).items():  # its EngineArgs has no distributed_executor_backend
         monkeypatch.setitem(sys.modules, name, module)

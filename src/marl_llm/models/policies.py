@@ -128,9 +128,14 @@ def full_model(model, autocast: torch.dtype | None, trainable: bool = True, devi
 
 
 def same_optimizer(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    """An optimizer of `opt`'s class and settings (no state) over `params`."""
+    """An optimizer of `opt`'s class and settings (no state) over `params`, with the AdamW
+    implementation for the device `params` are on now (`adamw_kwargs`): FSDP's shards of a model
+    loaded on the CPU live on the GPU, where AdamW is fused, though the first optimizer was not."""
     accepted = inspect.signature(type(opt).__init__).parameters
-    return type(opt)(params, **{k: v for k, v in opt.defaults.items() if k in accepted})
+    settings = {k: v for k, v in opt.defaults.items() if k in accepted}
+    if isinstance(opt, torch.optim.AdamW):
+        settings.update(fused=None, foreach=None, **adamw_kwargs({p.device.type for p in params}))
+    return type(opt)(params, **settings)
 
 
 # --------------------------------------------------------------------------------------- agents

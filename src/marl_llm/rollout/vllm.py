@@ -41,7 +41,9 @@ Several processes (data-parallel ranks): each rank runs its own engine on its ow
 vLLM's external-launcher executor (`distributed_executor_backend="external_launcher"`, as TRL's
 colocated mode and verl run it): the engine joins the launcher's process group from RANK /
 LOCAL_RANK / WORLD_SIZE, on the device the rank set, instead of starting workers of its own on
-GPU 0. It needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (set here) and a seed per rank. A vLLM without
+GPU 0. It needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (set here), a seed per rank, and LOCAL_RANK set to
+the index of the rank's GPU among those it sees (0 where each task sees one GPU, SLURM's
+--gpus-per-task), which the executor takes as its device. A vLLM without
 that executor is refused in one line (`engine_kwargs_for_world`).
 
 This backend has not run against a real vLLM here (no GPU or vLLM in the development machine):
@@ -81,6 +83,11 @@ SLEEP_LEVEL = 1
 
 def _has_cuda() -> bool:
     return torch.cuda.is_available()
+
+
+def visible_gpus() -> int:
+    """The GPUs this process sees (its CUDA_VISIBLE_DEVICES)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def require_vllm() -> Any:
@@ -142,8 +149,12 @@ def engine_kwargs_for_world(vllm: Any, seed: int) -> dict[str, Any]:
                         "(distributed_executor_backend), which this vLLM lacks: upgrade vLLM, run one process, or "
                         "use trainer.rollout=hf")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the executor's precondition: the engine in this process
-    for name, value in (("RANK", w.rank), ("LOCAL_RANK", w.local_rank), ("WORLD_SIZE", w.size)):
+    for name, value in (("RANK", w.rank), ("WORLD_SIZE", w.size)):
         os.environ.setdefault(name, str(value))
+    # The executor puts the engine on cuda:<LOCAL_RANK>. Where a task sees only its own GPU (SLURM's
+    # --gpus-per-task, CUDA_VISIBLE_DEVICES per task) that index does not exist for local rank > 0:
+    # it must be the GPU this rank computes on (distributed.cuda_index), not its rank on the node.
+    os.environ["LOCAL_RANK"] = str(distributed.cuda_index(w.local_rank, visible_gpus()))
     return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1, "seed": seed + w.rank}
 
 

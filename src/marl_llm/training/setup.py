@@ -50,12 +50,16 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
     so it is set here, before any model loads; without it deterministic mode warns on every
     cuBLAS call and is still not reproducible. Torch's debugging aid of filling uninitialized
     memory with NaN is switched off: it costs a write per allocation, and nothing here reads
-    memory it has not written."""
+    memory it has not written. flash-attention 2's backward accumulates in an order that varies
+    from run to run unless it is asked for its deterministic kernel, which transformers does when
+    FLASH_ATTENTION_DETERMINISTIC=1 (read at every call, as its own `enable_full_determinism` sets
+    it); torch's deterministic mode does not reach that extension."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        os.environ["FLASH_ATTENTION_DETERMINISTIC"] = "1"
     # warn_only: an op with no deterministic CUDA kernel warns (naming itself) instead of
     # stopping a run that may be days long; the update runs in strict mode (strict_determinism).
     torch.use_deterministic_algorithms(deterministic, warn_only=True)
