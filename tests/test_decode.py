@@ -529,3 +529,36 @@ def test_decode_auto_is_the_compiled_static_step_on_cuda_only():
     validate(cfg)
     with pytest.raises(UserError, match=r"trainer\.compile_decode"):
         validate(compose_config(["trainer.compile_decode=sometimes", "run_dir=/tmp/x"]))
+
+
+def test_one_static_cache_is_kept_per_model_freed_before_another_shape_and_released_after_the_phase(tiny_model_dir):
+    """The compiled step's kept cache (rollout/static_step.py): one per model; a call of another
+    shape drops it before allocating its own (the KV budget counts the kept bytes as free: they
+    must be, when a new cache is made); HFRollout.release (the trainer's end of a rollout phase or
+    evaluation) leaves no cache behind."""
+    from marl_llm.models.cache_api import output_cache
+    from marl_llm.rollout import static_step
+
+    policies = make_policies(tiny_model_dir)
+    model = policies.models[0]
+    held_when_made = []
+
+    class Spied(static_step.StaticCache):
+        def __init__(self, *args, **kwargs):
+            held_when_made.append(static_step.kept_cache_bytes(model))
+            super().__init__(*args, **kwargs)
+
+    def prefilled(rows: int):
+        with torch.inference_mode():
+            return output_cache(model(input_ids=torch.tensor([[5, 6, 7]] * rows), use_cache=True))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(static_step, "StaticCache", Spied)
+        first = static_step.static_cache(model, prefilled(2), 64, keep=True)
+        one = static_step.kept_cache_bytes(model)
+        assert static_step.static_cache(model, prefilled(2), 64, keep=True) is first  # same shape: reused
+        second = static_step.static_cache(model, prefilled(4), 128, keep=True)  # another shape
+    assert second is not first and held_when_made == [0, 0]  # nothing kept while the new one allocated
+    assert one > 0 and static_step.kept_cache_bytes(model) == 4 * one  # 2x rows x 2x positions: only it kept
+    rollout.HFRollout(policies).release()
+    assert static_step.kept_cache_bytes(model) == 0 and model not in static_step._KEPT

@@ -276,6 +276,12 @@ class TrainerConfig:
     # every layer at every decode step, and free it before the update. Costs a whole copy of the
     # base on every rank during rollouts; false keeps only the shards (and all-gathers per pass).
     fsdp_unshard_rollout: bool = True
+    # With trainer.fsdp, how fully fine-tuned policies (algo.lora=null) load: sharded (each rank
+    # builds them on the meta device and reads only its shards' rows from the safetensors files:
+    # a rank's shards plus one tensor in memory) | whole (every rank loads whole copies on the CPU
+    # first, then shards them: 4 bytes/param per policy per rank of host memory; for checkpoints
+    # without safetensors files). LoRA bases always load whole on the CPU (docs/distributed.md).
+    fsdp_load: str = "sharded"
     # Which ranks and devices hold which policy (distributed/placement.py): shared | groups (a group
     # of ranks per policy: placement_groups, their sizes; null: equal) | devices (one process, a GPU
     # per policy: placement_devices; null: every visible GPU).

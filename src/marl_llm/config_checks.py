@@ -34,6 +34,7 @@ def check_shared(cfg: DictConfig) -> None:
     check_choice(cfg, "model.dtype", ("auto", "float32", "bfloat16", "float16", "float64"))
     check_choice(cfg, "trainer.rollout", ("hf", "vllm"))
     check_choice(cfg, "trainer.decode", ("dynamic", "static", "auto"))
+    check_choice(cfg, "trainer.fsdp_load", ("sharded", "whole"))
     check_value(t.compile_decode in (True, False, "auto"), "trainer.compile_decode",
                 f"is {t.compile_decode!r}: use true, false or auto")
     check_value(t.compile_decode is not True or t.decode in ("static", "auto"), "trainer.compile_decode",

@@ -193,16 +193,21 @@ class AgentPolicies:
     """
 
     def __init__(self, agent_names: tuple[str, ...], model_cfg: Any, algo_cfg: Any, seed: int,
-                 load_on_cpu: bool = False):
+                 load_on_cpu: bool = False, on_meta: bool = False):
         with created_in(resolve_dtype(model_cfg.dtype, resolve_device(model_cfg.device))):
-            self._build(agent_names, model_cfg, algo_cfg, seed, load_on_cpu)
+            self._build(agent_names, model_cfg, algo_cfg, seed, load_on_cpu, on_meta)
 
-    def _build(self, agent_names: tuple[str, ...], model_cfg: Any, algo_cfg: Any, seed: int, load_on_cpu: bool):
+    def _build(self, agent_names: tuple[str, ...], model_cfg: Any, algo_cfg: Any, seed: int, load_on_cpu: bool,
+               on_meta: bool):
         from peft import LoraConfig, get_peft_model
 
         self.device = resolve_device(model_cfg.device)
-        # FSDP loads bases on the CPU and moves each rank's shards to the device (fsdp.py).
+        # FSDP loads bases on the CPU and moves each rank's shards to the device (fsdp.py); fully
+        # fine-tuned policies (`on_meta`, trainer.fsdp_load=sharded) are built on the meta device
+        # instead and each rank reads only its shards (fsdp.load_shards). LoRA bases load on the
+        # CPU whole: peft draws the adapters' initial weights where the base is.
         load_device = torch.device("cpu") if load_on_cpu else self.device
+        on_meta = on_meta and algo_cfg.lora is None
         self.dtype = resolve_dtype(model_cfg.dtype, self.device)
         bases = list(model_cfg.agent_bases) if model_cfg.agent_bases else [None]
         if len(bases) not in (1, len(agent_names)):
@@ -245,7 +250,8 @@ class AgentPolicies:
         for k, base_spec in enumerate(bases):
             # Master weights load in fp32 straight from the checkpoint (no round trip through bf16).
             load_dtype = torch.float32 if self.full and self.autocast_dtype is not None else self.dtype
-            base, tok = load_base(base_spec, model_cfg, load_device, load_dtype, compute_device=self.device)
+            base, tok = load_base(base_spec, model_cfg, load_device, load_dtype, compute_device=self.device,
+                                  on_meta=on_meta)
             if self.full:
                 names = agent_names if len(bases) == 1 else (agent_names[k],)
                 self._add_full_policies(base, tok, base_spec, names, policy_map, shared, keep_reference)

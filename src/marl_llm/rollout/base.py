@@ -70,3 +70,7 @@ class Rollout(Protocol):
 
     def update_weights(self) -> None:
         """Called after every update: a backend with its own copy of the weights syncs them."""
+
+    def release(self) -> None:
+        """Called at the end of every rollout phase (before the update) and evaluation: the
+        backend frees what the phase held (KV caches; vLLM sleeps)."""

@@ -30,7 +30,8 @@ from marl_llm.rollout.base import PROGRESS, Completion, GenRequest
 from marl_llm.rollout.mixed_lora import MixedLoRA, has_adapters
 from marl_llm.rollout.sampling import PerRowSampling, SamplingParams, uniform_draws
 from marl_llm.rollout.static_step import (CAPACITY_MULTIPLE, ROW_MULTIPLE, compiled_step, full_attention_only,
-                                          kept_cache_bytes, model_step, round_up, static_cache)
+                                          kept_cache_bytes, model_step, release_kept_caches, round_up,
+                                          static_cache)
 from marl_llm.rollout.stops import cut_at_stop, stop_position
 
 def cut_at_eos(generated: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, bool]:
@@ -74,6 +75,12 @@ class HFRollout:
 
     def update_weights(self) -> None:
         """The adapters are the trainer's own tensors: nothing to sync (a vLLM rollout would push them)."""
+
+    def release(self) -> None:
+        """The end of a rollout phase (the trainer calls it before each update and after each
+        evaluation): the compiled step's kept caches go (static_step.py), so no KV cache outlives its phase."""
+        for model in self.policies.models:
+            release_kept_caches(model)
 
     def generate(self, requests: list[GenRequest]) -> list[Completion]:
         PROGRESS.debug("generate", extra={"sequences": len(requests)})

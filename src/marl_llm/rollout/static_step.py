@@ -9,10 +9,15 @@ What a capture keeps. CUDA graphs replay fixed memory addresses. The step's stat
 model's parameters, the cache's buffers, MixedLoRA's adapter stacks: everything marked with
 `torch._dynamo.mark_static_address`) must live at the same addresses in every rollout, or the
 graph is recorded again (a re-recording: a synchronization and a new graph's memory each time).
-So a compiled rollout does not build its cache: it takes the one kept for its
-(rows, capacity, dtype) and resets it (`static_cache(..., keep=True)`; the KEEP most recent
-shapes per model, each holding its KV memory between rollouts, through the update too), and
-MixedLoRA copies the adapters into stacks it keeps (rollout/mixed_lora.py). Fewer distinct
+So a compiled rollout does not build its cache for every generate call: it takes the one kept for
+its (rows, capacity, dtype) and resets it (`static_cache(..., keep=True)`), and MixedLoRA copies
+the adapters into stacks it keeps (rollout/mixed_lora.py). One cache is kept per model, and only
+through its phase: a call of another shape drops the kept one before allocating its own (so the
+KV budget, which counts the kept bytes as free, never counts memory it cannot reuse), and
+`release_kept_caches` (HFRollout.release, which the trainer calls after every rollout phase and
+evaluation) drops it before the update, whose activations need that memory: an 8B preset's
+20 GiB cache kept through the update did not fit an 80 GB GPU. The cost: each rollout phase records
+its graph again (once per shape). Fewer distinct
 shapes mean fewer compilations and recordings: a compiled rollout's capacity is rounded up to a
 multiple of CAPACITY_MULTIPLE positions and its rows to a multiple of ROW_MULTIPLE (extra rows
 copy the first one, start finished, and are dropped; decode bandwidth, not rows, bounds a step).
@@ -36,7 +41,6 @@ from marl_llm.models.cache_api import cache_kwargs
 
 CAPACITY_MULTIPLE = 64  # a compiled static cache's length is rounded up to a multiple of this
 ROW_MULTIPLE = 8  # and its rows
-KEEP = 4  # static caches kept per model (the most recently used shapes)
 
 _KEPT: "weakref.WeakKeyDictionary[Any, OrderedDict[tuple, StaticCache]]" = weakref.WeakKeyDictionary()
 
@@ -60,8 +64,9 @@ def round_up(n: int, multiple: int) -> int:
 
 def static_cache(model, cache: Any, capacity: int, keep: bool = False) -> StaticCache:
     """transformers' StaticCache of `capacity` positions holding a prefilled DynamicCache's keys
-    and values [B, H, P, D] at positions [0, P). keep: the one kept for this model and shape
-    (reset and refilled; made and kept on first use), else a fresh one."""
+    and values [B, H, P, D] at positions [0, P). keep: the one kept for this model if it has this
+    shape (reset and refilled), else a new one kept in its place (the old one dropped first), else
+    a fresh one."""
     layers = getattr(cache, "layers", [])
     if not layers or any(type(layer) is not DynamicLayer for layer in layers):
         raise UserError(f"trainer.decode=static needs a model whose layers all use full attention, but "
@@ -71,6 +76,8 @@ def static_cache(model, cache: Any, capacity: int, keep: bool = False) -> Static
     shape = (first.shape[0], capacity, first.dtype, first.device, torch.is_inference_mode_enabled())
     kept = _KEPT.setdefault(model, OrderedDict()) if keep else None
     static = kept.pop(shape, None) if kept is not None else None
+    if kept is not None:
+        kept.clear()  # another shape's cache goes before this one allocates
     if static is None:
         static = StaticCache(config=model.config, max_cache_len=capacity)
     else:
@@ -78,14 +85,13 @@ def static_cache(model, cache: Any, capacity: int, keep: bool = False) -> Static
     for fixed, filled in zip(static.layers, layers, strict=True):
         fixed.update(filled.keys, filled.values)  # first use allocates [B, H, capacity, D]; writes positions [0, P)
     if kept is not None:
-        kept[shape] = static  # most recent last
-        while len(kept) > KEEP:
-            kept.popitem(last=False)
+        kept[shape] = static
     return static
 
 
 def kept_cache_bytes(model) -> int:
-    """Bytes of the static caches kept for `model` (a rollout's KV budget may reuse them)."""
+    """Bytes of the static cache kept for `model` (a rollout's KV budget may reuse them: a call of
+    another shape frees them before allocating)."""
     total = 0
     for static in _KEPT.get(model, {}).values():
         for layer in static.layers:

@@ -81,8 +81,7 @@ def train_step(run: Setup, cfg: DictConfig, step: int,
     PROGRESS.debug("phase", extra={"phase": "rollout"})  # the console's progress (Watch)
     with fsdp.unsharded(policies, cfg.trainer.fsdp_unshard_rollout):  # every rank collects once per step
         tree = algo.collect(problems)
-    if hasattr(run.rollout, "release"):  # vLLM sleeps: the update gets its GPU memory
-        run.rollout.release()
+    run.rollout.release()  # the update gets the rollout's memory (vLLM sleeps, kept KV caches go)
     t_rollout = run.meter.mark("rollout")
     PROGRESS.debug("phase", extra={"phase": "update"})
     with strict_determinism(cfg.trainer.deterministic):  # every backward pass of the step is in here
@@ -243,6 +242,7 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
                 logger.log_samples("eval", rows[: cfg.logger.sample_rows], step)
                 say(f"eval @ step {step}: " + format_metrics(metrics, ("reward", "pass@1", "pass@1_sampled",
                                                                        "pass@1_ceiling", "success_rate")))
+        run.rollout.release()  # as after a rollout phase: no KV cache of the evaluation stays
         distributed.barrier()
         return metrics
 
