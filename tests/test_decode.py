@@ -4,6 +4,7 @@ from the right distribution with integer prefix sums only; MixedLoRA in the base
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -562,3 +563,68 @@ def test_one_static_cache_is_kept_per_model_freed_before_another_shape_and_relea
     assert one > 0 and static_step.kept_cache_bytes(model) == 4 * one  # 2x rows x 2x positions: only it kept
     rollout.HFRollout(policies).release()
     assert static_step.kept_cache_bytes(model) == 0 and model not in static_step._KEPT
+
+
+def full_bf16_policies(model_dir):
+    """Fully fine-tuned policies with fp32 master weights under bf16 autocast (the GPU default's
+    path, run on the CPU)."""
+    from omegaconf import OmegaConf
+
+    from marl_llm.models.policies import AgentPolicies
+
+    model_cfg = OmegaConf.create(dict(name="tiny", path=str(model_dir), embedded=False, hub_id=None, dtype="bfloat16",
+                                      device="cpu", attn_implementation="sdpa", trust_remote_code=False,
+                                      agent_bases=None))
+    algo_cfg = OmegaConf.create(dict(adapters="shared", learning_rate=1e-3, weight_decay=0.01, policy_map={},
+                                     lora=None, kl_coef=0.0))
+    return AgentPolicies(("aux", "main"), model_cfg, algo_cfg, 0)
+
+
+def test_a_compiled_decode_step_of_fp32_master_weights_holds_no_weight_cast(tiny_model_dir):
+    """Full fine-tuning keeps fp32 master weights and decodes under bf16 autocast: traced into the
+    compiled step, autocast casts every linear weight at every token (15 casts on the tiny
+    model's graph). `decoding_weights` casts them once per generate call: the step's graph (as
+    AOT autograd lowers it, autocast made explicit) then holds no cast of a float32 weight, the
+    master parameters are back after it, and the eager step's logits are bitwise the same (the
+    same .to(bf16) casts, done before instead of inside)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from marl_llm.models.cache_api import output_cache
+    from marl_llm.rollout.static_step import model_step, static_cache
+
+    policies = full_bf16_policies(tiny_model_dir)
+    model = policies.models[0]
+    masters = [p for p in model.parameters()]
+    assert policies.autocast_dtype == torch.bfloat16 and {p.dtype for p in masters} == {torch.float32}
+
+    def step_inputs():
+        out = model(input_ids=torch.tensor([[5, 6, 7]]), use_cache=True)
+        return torch.tensor([[8]]), torch.tensor([[3]]), torch.ones(1, 16, dtype=torch.long), \
+            static_cache(model, output_cache(out), 16)
+
+    def weight_casts(cast_once: bool) -> tuple[int, torch.Tensor]:
+        graphs = []
+
+        def keep_graph(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        torch._dynamo.reset()
+        step = torch.compile(model_step, backend=aot_autograd(fw_compiler=keep_graph))
+        with torch.inference_mode(), policies.autocast(0), \
+                (policies.decoding_weights(0) if cast_once else contextlib.nullcontext()):
+            step(model, *step_inputs())
+            eager = model_step(model, *step_inputs())
+        casts = [n for gm in graphs for n in gm.graph.nodes
+                 if n.op == "call_function" and any(k in str(n.target) for k in ("convert_element_type", "_to_copy"))
+                 and getattr(n.args[0], "op", None) == "placeholder" and n.args[0].meta["val"].dim() == 2
+                 and n.args[0].meta["val"].dtype == torch.float32]
+        return len(casts), eager
+
+    before, eager_autocast = weight_casts(cast_once=False)
+    after, eager_cast_once = weight_casts(cast_once=True)
+    torch._dynamo.reset()
+    assert before >= 14 and after == 0, (before, after)  # 2 layers x 7 linears (+ the tied head)
+    assert torch.equal(eager_autocast, eager_cast_once)
+    back = list(model.parameters())
+    assert len(back) == len(masters) and all(a is b for a, b in zip(back, masters))  # the master parameters themselves

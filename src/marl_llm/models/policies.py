@@ -61,6 +61,28 @@ def created_in(dtype: torch.dtype):
         torch.set_default_dtype(before)
 
 
+@contextlib.contextmanager
+def linears_cast(model, dtype: torch.dtype):
+    """Inside, each nn.Linear of `model` holds its weight and bias as frozen copies in `dtype`
+    (the module's own attribute replaced, so a weight tied to an embedding keeps the embedding in
+    its own dtype); the master parameters come back on exit. What autocast computes with, cast
+    once: `.to(dtype)` is the cast autocast applies to a linear's arguments."""
+    swapped = []
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                for name in ("weight", "bias"):
+                    p = module._parameters.get(name)
+                    if p is not None and p.is_floating_point() and p.dtype != dtype:
+                        swapped.append((module, name, p))
+                        module._parameters[name] = torch.nn.Parameter(p.to(dtype), requires_grad=False)
+    try:
+        yield
+    finally:
+        for module, name, p in swapped:
+            module._parameters[name] = p
+
+
 def check_trainable_dtype(dtype: torch.dtype) -> None:
     """Refuse fp16 training: without loss scaling small gradients underflow to zero in fp16,
     and bf16 (same memory, fp32's exponent range) needs none."""
@@ -419,6 +441,21 @@ class AgentPolicies:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def decoding_weights(self, model_index: int) -> contextlib.AbstractContextManager:
+        """Around a generate call of model `model_index`: with fp32 master weights (full
+        fine-tuning under bf16 autocast), every Linear layer computes with a copy of its weight and
+        bias cast to the compute dtype once here (`linears_cast`), instead of autocast casting them
+        inside every decode step (a compiled step's graph holds a cast of every weight, run at
+        every token; eager autocast caches them, to the same values). A no-op for LoRA policies
+        (their bases are stored in the compute dtype; MixedLoRA stacks the adapters in it), for
+        float32 runs and for FSDP's all-gathered weights (already in the compute dtype)."""
+        from marl_llm.distributed import fsdp
+
+        model = self.models[model_index]
+        if not self.full or self.autocast_dtype is None or fsdp.is_sharded(model):
+            return contextlib.nullcontext()
+        return linears_cast(model, self.autocast_dtype)
 
     def enable_gradient_checkpointing(self, extra: list[Any] = ()) -> None:
         """On every policy model, and on `extra` trained models (a separate critic)."""

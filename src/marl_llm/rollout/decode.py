@@ -126,7 +126,8 @@ class HFRollout:
         def stopped(row: int, ids: torch.Tensor) -> bool:
             return stop_position(rules[row], tok.decode(ids.tolist(), skip_special_tokens=True)) is not None
 
-        with fsdp.inference_mode(model), self.policies.autocast(k):  # fp32 master weights: cast once
+        # fp32 master weights: cast once per generate call, not in every decode step
+        with fsdp.inference_mode(model), self.policies.autocast(k), self.policies.decoding_weights(k):
             generated = decode(model, prompts, adapters, [r.sampling for r in requests], eos_ids, tok.pad_token_id,
                                row_keys=[r.key for r in requests], static=self.static,
                                compile_step=self.compile_decode, stop_check=stopped if any(rules) else None)
