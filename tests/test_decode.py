@@ -525,11 +525,24 @@ def test_decode_auto_is_the_compiled_static_step_on_cuda_only():
     assert resolve_decode("static", "auto", "cpu", True) == (True, False)
     assert resolve_decode("static", True, "cpu", True) == (True, True)
     assert resolve_decode("dynamic", False, "cuda", True) == (False, False)
+    for decode_, compile_ in (("auto", "auto"), ("static", True)):  # FSDP-sharded models: the eager loop
+        assert resolve_decode(decode_, compile_, "cuda", True, sharded=True) == (False, False)
     cfg = compose_config(["trainer=gpu", "run_dir=/tmp/x"])
     assert (cfg.trainer.decode, cfg.trainer.compile_decode) == ("auto", "auto")
     validate(cfg)
     with pytest.raises(UserError, match=r"trainer\.compile_decode"):
         validate(compose_config(["trainer.compile_decode=sometimes", "run_dir=/tmp/x"]))
+
+
+def test_sharded_models_decode_with_the_eager_loop_and_say_so_in_one_line(tiny_model_dir, capsys):
+    from marl_llm.rollout.decode import FSDP_EAGER, HFRollout
+
+    policies = make_policies(tiny_model_dir)
+    asked = HFRollout(policies, decode="static", compile_decode=True, sharded=True)
+    assert (asked.static, asked.compile_decode) == (False, False)
+    assert capsys.readouterr().out.count(FSDP_EAGER) == 1
+    HFRollout(policies, decode="dynamic", sharded=True)  # the eager loop asked for: nothing to say
+    assert FSDP_EAGER not in capsys.readouterr().out
 
 
 def test_one_static_cache_is_kept_per_model_freed_before_another_shape_and_released_after_the_phase(tiny_model_dir):

@@ -65,11 +65,14 @@ class HFRollout:
     """
 
     def __init__(self, policies: AgentPolicies, max_batch: int = 64, decode: str = "dynamic",
-                 compile_decode: bool | str = False, kv_cache_gib: Any = "auto"):
+                 compile_decode: bool | str = False, kv_cache_gib: Any = "auto", sharded: bool = False):
         self.policies = policies
         self.max_batch = max_batch
         self.static, self.compile_decode = resolve_decode(
-            decode, compile_decode, policies.device.type, all(full_attention_only(m) for m in policies.models))
+            decode, compile_decode, policies.device.type, all(full_attention_only(m) for m in policies.models), sharded)
+        asked = resolve_decode(decode, compile_decode, policies.device.type, True)
+        if sharded and asked != (False, False):  # one line where the run would have decoded otherwise
+            announce(FSDP_EAGER)
         self.kv_cache_gib = kv_cache_gib
         self._told_budget = False
 
@@ -134,14 +137,25 @@ class HFRollout:
         return [to_completion(tok, p, ids, eos_ids, rule) for p, ids, rule in zip(prompts, generated, rules)]
 
 
-def resolve_decode(decode: str, compile_decode: bool | str, device_type: str, full_attention: bool) -> tuple[bool, bool]:
+def resolve_decode(decode: str, compile_decode: bool | str, device_type: str, full_attention: bool,
+                   sharded: bool = False) -> tuple[bool, bool]:
     """(static, compiled) for trainer.decode / trainer.compile_decode. auto: the static step
     compiled into CUDA graphs on CUDA for a model whose layers all attend in full (the fixed-shape
     step CUDA graphs replay), the dynamic eager loop otherwise (on the CPU compiling only costs:
-    docs/gpu.md); compile_decode=auto compiles a static step on CUDA."""
+    docs/gpu.md); compile_decode=auto compiles a static step on CUDA. `sharded` (FSDP): the
+    eager dynamic loop, whatever was asked (`FSDP_EAGER`)."""
+    if sharded:
+        return False, False
     static = decode == "static" or (decode == "auto" and device_type == "cuda" and full_attention)
     compiled = compile_decode is True or (compile_decode == "auto" and static and device_type == "cuda")
     return static, static and compiled
+
+
+# Why FSDP-sharded models decode with the eager loop: dynamo breaks a compiled step into a graph per
+# FSDP unit at its hooks, and the all-gathered weights of an unsharded rollout live at new addresses
+# every rollout, so CUDA graphs would record again every time.
+FSDP_EAGER = ("trainer.fsdp: the sharded models decode with the eager loop (trainer.decode=dynamic): a compiled "
+              "step breaks at every FSDP unit and records its graphs again every rollout")
 
 
 def kv_chunks(prompt_lengths: list[int], new_tokens: list[int], max_rows: int, max_positions: int,

@@ -166,7 +166,7 @@ def build(cfg: DictConfig, task: Any = None) -> Setup:
                               root=Path(run_dir) / "vllm_adapters" if run_dir else None)
     else:
         rollout = HFRollout(policies, max_batch=tc.sequences_per_generate, decode=tc.decode,
-                            compile_decode=tc.compile_decode, kv_cache_gib=tc.kv_cache_gib)
+                            compile_decode=tc.compile_decode, kv_cache_gib=tc.kv_cache_gib, sharded=sharded)
     meter = perf.Meter(policies.device, perf.peak_tflops(policies.device, policies.dtype, tc.peak_tflops))
     # Generation timed apart from reward scoring, its FLOPs counted from the completions' lengths.
     rollout = perf.MeteredRollout(rollout, meter, policies)
