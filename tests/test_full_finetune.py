@@ -304,3 +304,42 @@ def test_a_trained_head_is_chunked_by_tokens_with_the_same_logprobs_and_gradient
     for n in want:
         assert want[n].abs().max() > 0
         assert_close_to_scale(got[n], want[n], FLOAT64_REL, n)
+
+
+# ------------------------------------------------------------------- trainer.master_weights=bf16
+def test_bf16_master_weights_train_in_bf16_without_autocast_and_the_plan_halves_adams_state(tiny_model_dir, tmp_path):
+    """trainer.master_weights=bf16 (the references' precision): a full fine-tuning run keeps its
+    weights, gradients and AdamW moments in bf16 and computes without autocast, LoRA adapters are
+    bf16 too, a float32 model.dtype is refused in one line, and the memory plan counts 2 bytes a
+    weight (AdamW's state halves)."""
+    from marl_llm.distributed import memory_plan
+
+    overrides = tiny_overrides(tiny_model_dir, tmp_path, "algo.lora=null", "model.dtype=bfloat16",
+                               "trainer.master_weights=bf16", "trainer.eval_before=false", "algo.baseline=raw")
+    cfg = compose_config(overrides)
+    validate(cfg)
+    run = build(cfg)
+    model = run.policies.models[0]
+    assert run.policies.autocast_dtype is None and not hasattr(model, "marl_autocast")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    train_step(run, cfg, 0)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    moments = [v for opt in run.policies.optimizers.values() for st in opt.state.values()
+               for k, v in st.items() if k in ("exp_avg", "exp_avg_sq")]
+    assert moments and {m.dtype for m in moments} == {torch.bfloat16}
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())  # it trained
+
+    lora = build(compose_config(tiny_overrides(tiny_model_dir, tmp_path / "lora", "model.dtype=bfloat16",
+                                               "trainer.master_weights=bf16")))
+    assert {p.dtype for k in lora.policies.trainable_adapters() for p in lora.policies.adapter_parameters(*k)} \
+        == {torch.bfloat16}
+    with pytest.raises(UserError, match=r"^trainer.master_weights=bf16 keeps the trained weights in model.dtype, "
+                                        r"which is float32 here: set model.dtype=bfloat16"):
+        build(compose_config(tiny_overrides(tiny_model_dir, tmp_path / "f32", "trainer.master_weights=bf16",
+                                            "model.dtype=float32")))
+
+    preset = ["experiment=at_grpo_sokoban_qwen3_8b_paper", "run_dir=/tmp/p"]
+    fp32, bf16 = (memory_plan.for_config(compose_config(preset + extra), ("tool", "plan"), 8, None)
+                  for extra in ([], ["trainer.master_weights=bf16"]))
+    assert (fp32.work.master_bytes, bf16.work.master_bytes) == (4, 2)
+    assert bf16.optimizer * 2 == fp32.optimizer and bf16.weights < fp32.weights

@@ -282,6 +282,11 @@ class TrainerConfig:
     # first, then shards them: 4 bytes/param per policy per rank of host memory; for checkpoints
     # without safetensors files). LoRA bases always load whole on the CPU (docs/distributed.md).
     fsdp_load: str = "sharded"
+    # Trained weights under a bf16 model.dtype: fp32 (master weights and fp32 AdamW state, every
+    # forward pass under bf16 autocast; AdamW's small steps are not rounded away) | bf16 (the
+    # references' precision: weights, gradients and AdamW state in bf16, half the optimizer's
+    # memory; updates below a weight's bf16 spacing round away). docs/gpu.md, docs/fidelity.md.
+    master_weights: str = "fp32"
     # Which ranks and devices hold which policy (distributed/placement.py): shared | groups (a group
     # of ranks per policy: placement_groups, their sizes; null: equal) | devices (one process, a GPU
     # per policy: placement_devices; null: every visible GPU).

@@ -35,6 +35,7 @@ def check_shared(cfg: DictConfig) -> None:
     check_choice(cfg, "trainer.rollout", ("hf", "vllm"))
     check_choice(cfg, "trainer.decode", ("dynamic", "static", "auto"))
     check_choice(cfg, "trainer.fsdp_load", ("sharded", "whole"))
+    check_choice(cfg, "trainer.master_weights", ("fp32", "bf16"))
     check_value(t.compile_decode in (True, False, "auto"), "trainer.compile_decode",
                 f"is {t.compile_decode!r}: use true, false or auto")
     check_value(t.compile_decode is not True or t.decode in ("static", "auto"), "trainer.compile_decode",

@@ -8,12 +8,13 @@ a run that cannot fit stops there, within seconds, with the plan and what to cha
 The model's shapes come from its config alone (config.json, or the published values of the
 presets' models: KNOWN_CONFIGS), its parameters counted on the meta device. Per GPU, in bytes
 (P: a model's parameters, s: the ranks it is sharded over, c: the compute dtype's size, 2 for
-bf16; trained weights are fp32 master weights under a bf16 compute dtype):
+bf16; m: a trained weight's size, 4 for fp32 master weights under a bf16 compute dtype, 2 with
+trainer.master_weights=bf16):
 
-    weights           trained models 4P/s (master), frozen ones (a LoRA base, a KL reference)
-                      P * dtype / s, LoRA adapters 4A (whole on every rank)
-    optimizer         AdamW's two moments, 8P/s (8A)
-    gradients         4P/s of the policy being updated (freed after its step)
+    weights           trained models mP/s (master), frozen ones (a LoRA base, a KL reference)
+                      P * dtype / s, LoRA adapters mA (whole on every rank)
+    optimizer         AdamW's two moments, 2mP/s (2mA)
+    gradients         mP/s of the policy being updated (freed after its step)
     rollout           every held policy whole in the compute dtype while FSDP has it unsharded
                       (cP), or one cast copy of the decoding model (cP, autocast without FSDP);
                       the larger of the prefill (rows x prompt tokens x (2 L kv + 3i + 2q + 2h)
@@ -27,7 +28,7 @@ bf16; trained weights are fp32 master weights under a bf16 compute dtype):
                       checkpointing h per layer plus one layer's worth; the chunked LM head's
                       [rows, V] fp32 logits x LOGIT_BUFFERS; with FSDP three gathered layers
                       (two in the compute dtype, one's gradient); AdamW's foreach step (not fused:
-                      on the CPU) one fp32 copy of the shard
+                      on the CPU) one copy of the shard in the weights' dtype
 
     peak = weights + optimizer + max(rollout extras, gradients + update extras)
 
@@ -147,7 +148,7 @@ class Workload:
     policies: int  # trained policies
     full: bool  # full fine-tuning (each policy its own model) or LoRA adapters on one base
     compute_bytes: int  # the compute dtype's size (2: bf16 autocast over fp32 master weights)
-    master_bytes: int  # a trained weight's (4: fp32)
+    master_bytes: int  # a trained weight's, its gradient's and each AdamW moment's (4: fp32; 2: master_weights=bf16)
     frozen_bytes: int  # the model dtype's (a LoRA base, a KL reference)
     adapter_params: int = 0  # per LoRA adapter
     adapters: int = 0  # LoRA adapters (critics' included)
@@ -258,10 +259,11 @@ def estimate(a: Arch, w: Workload, lay: Layout, gpu_bytes: int | None = None) ->
     held = [(n, s) for n, s in zip(trained, shards) if s > 0]
     p.weights = sum(w.master_bytes * n // s for n, s in held)
     p.weights += w.frozen_bytes * a.params * ((0 if w.full else 1) + w.references) // lay.frozen_shards
-    p.weights += 4 * w.adapter_params * w.adapters
-    p.optimizer = sum(8 * n // s for n, s in held) + 8 * w.adapter_params * w.adapters
+    # AdamW's two moments and the gradients follow the trained weights' dtype (trainer.master_weights).
+    p.weights += w.master_bytes * w.adapter_params * w.adapters
+    p.optimizer = sum(2 * w.master_bytes * n // s for n, s in held) + 2 * w.master_bytes * w.adapter_params * w.adapters
     largest = max((n // s for n, s in held), default=0)
-    p.gradients = 4 * largest if w.full or w.separate_critics else 4 * w.adapter_params
+    p.gradients = w.master_bytes * (largest if w.full or w.separate_critics else w.adapter_params)
     policies_held = held[:w.policies] if w.full else []
     if lay.fsdp and lay.ranks > 1 and lay.unshard_rollout:
         p.rollout_weights = sum(w.compute_bytes * n for n, s in policies_held if s > 1)
@@ -280,8 +282,11 @@ def estimate(a: Arch, w: Workload, lay: Layout, gpu_bytes: int | None = None) ->
     per_layer = a.activation_elements(frozen_linears=not w.full and not w.all_linear)
     # A recomputed layer, with the gradients flowing through it, takes a whole layer's worth even
     # where frozen linears keep nothing.
-    layer = tokens * a.activation_elements() * w.compute_bytes
-    full_acts = tokens * (a.layers * per_layer + 3 * a.hidden) * w.compute_bytes
+    # A bf16 RMSNorm upcasts its input to fp32 and keeps that copy (4h bytes) beside its bf16 output
+    # (2h) where the elements count 2 x 2h: 2h more bytes per norm and token (2 a layer, and the final one).
+    norm_extra = 2 * a.hidden if w.compute_bytes == 2 else 0
+    layer = tokens * (a.activation_elements() * w.compute_bytes + 2 * norm_extra)
+    full_acts = tokens * ((a.layers * per_layer + 3 * a.hidden) * w.compute_bytes + (2 * a.layers + 1) * norm_extra)
     ckpt_acts = tokens * (a.layers + 3) * a.hidden * w.compute_bytes + layer  # inputs kept, one layer recomputed
     p.activations, p.activations_other = (ckpt_acts, full_acts) if w.checkpointing else (full_acts, ckpt_acts)
     chunk_rows = min(w.micro_batch * w.new_tokens, max(1, LOGIT_CHUNK_ELEMENTS // a.vocab))
@@ -290,7 +295,7 @@ def estimate(a: Arch, w: Workload, lay: Layout, gpu_bytes: int | None = None) ->
     # checkpointing it and the recomputed layer come one after the other.
     head_extra = max(0, head - layer) if w.checkpointing else head
     gathered = 3 * a.layer_params * w.compute_bytes if lay.fsdp and lay.ranks > 1 else 0
-    step = 0 if w.fused_optimizer else 4 * (largest if (w.full or w.separate_critics) else w.adapter_params)
+    step = 0 if w.fused_optimizer else w.master_bytes * (largest if (w.full or w.separate_critics) else w.adapter_params)
     p.update_transients = max(head_extra + gathered, step - p.activations)
     return p
 
@@ -313,7 +318,9 @@ def workload(cfg: Any, agent_names: tuple[str, ...], device_type: str) -> Worklo
     sampling = a.get("sampling") or {}
     ckpt = t.gradient_checkpointing
     return Workload(
-        policies=policies, full=full, compute_bytes=min(frozen, 4), master_bytes=4 if full or frozen < 4 else frozen,
+        policies=policies, full=full, compute_bytes=min(frozen, 4),
+        # bf16 master weights (trainer.master_weights=bf16): the trained weights in the model's dtype.
+        master_bytes=frozen if t.get("master_weights", "fp32") == "bf16" else 4 if full or frozen < 4 else frozen,
         frozen_bytes=frozen, adapters=0 if full else policies + adapter_critics,
         references=1 if full and float(a.get("kl_coef", 0.0) or 0.0) > 0 else 0, separate_critics=separate,
         rows=int(t.sequences_per_generate), prompt_tokens=int(cfg.get("plan", {}).get("prompt_tokens", 512)),

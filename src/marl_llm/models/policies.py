@@ -215,15 +215,16 @@ class AgentPolicies:
     """
 
     def __init__(self, agent_names: tuple[str, ...], model_cfg: Any, algo_cfg: Any, seed: int,
-                 load_on_cpu: bool = False, on_meta: bool = False):
+                 load_on_cpu: bool = False, on_meta: bool = False, master_weights: str = "fp32"):
         with created_in(resolve_dtype(model_cfg.dtype, resolve_device(model_cfg.device))):
-            self._build(agent_names, model_cfg, algo_cfg, seed, load_on_cpu, on_meta)
+            self._build(agent_names, model_cfg, algo_cfg, seed, load_on_cpu, on_meta, master_weights)
 
     def _build(self, agent_names: tuple[str, ...], model_cfg: Any, algo_cfg: Any, seed: int, load_on_cpu: bool,
-               on_meta: bool):
+               on_meta: bool, master_weights: str):
         from peft import LoraConfig, get_peft_model
 
         self.device = resolve_device(model_cfg.device)
+        self.master_weights = master_weights
         # FSDP loads bases on the CPU and moves each rank's shards to the device (fsdp.py); fully
         # fine-tuned policies (`on_meta`, trainer.fsdp_load=sharded) are built on the meta device
         # instead and each rank reads only its shards (fsdp.load_shards). LoRA bases load on the
@@ -231,6 +232,10 @@ class AgentPolicies:
         load_device = torch.device("cpu") if load_on_cpu else self.device
         on_meta = on_meta and algo_cfg.lora is None
         self.dtype = resolve_dtype(model_cfg.dtype, self.device)
+        if master_weights == "bf16" and self.dtype != torch.bfloat16:
+            raise UserError(f"trainer.master_weights=bf16 keeps the trained weights in model.dtype, which is "
+                            f"{str(self.dtype).removeprefix('torch.')} here: set model.dtype=bfloat16 (auto is bf16 on "
+                            "CUDA only) or trainer.master_weights=fp32")
         bases = list(model_cfg.agent_bases) if model_cfg.agent_bases else [None]
         if len(bases) not in (1, len(agent_names)):
             raise UserError(f"model.agent_bases has {len(bases)} entries for {len(agent_names)} agents "
@@ -264,7 +269,9 @@ class AgentPolicies:
         # fine-tuning keeps fp32 master copies of whole models; LoRA keeps its adapters in fp32
         # (peft's default) on the frozen bf16 base, and autocast runs the adapters' matmuls in
         # bf16 (tensor cores) instead of fp32.
-        self.autocast_dtype = master_weights_dtype(self.device, self.dtype)
+        # trainer.master_weights=bf16 (the references' precision): the trained weights and AdamW's
+        # state stay in bf16, nothing is autocast.
+        self.autocast_dtype = master_weights_dtype(self.device, self.dtype) if master_weights == "fp32" else None
         self.models, self.tokenizers, self.agents = [], [], []
         self.references: list[Any] = []
         self._reference_of: list[int] = []  # model index -> index in `references`
@@ -295,6 +302,8 @@ class AgentPolicies:
                 model.add_adapter(a, copy.deepcopy(lora))
             if self.autocast_dtype is not None:
                 autocast_forward(model, self.device.type, self.autocast_dtype)
+            elif master_weights == "bf16":
+                self._adapters_in_model_dtype(model)
             model.eval()
             self.models.append(model)
             self.tokenizers.append(tok)
@@ -372,10 +381,20 @@ class AgentPolicies:
         torch.manual_seed(self.seed + 1000 * model_index + len(model.peft_config))
         with created_in(self.dtype):
             model.add_adapter(name, copy.deepcopy(self.lora))
+        if self.master_weights == "bf16":
+            self._adapters_in_model_dtype(model)
         params = lora_weights(model, name)
         for p in params.values():
             p.requires_grad_(True)
         return params
+
+    def _adapters_in_model_dtype(self, model) -> None:
+        """trainer.master_weights=bf16: the LoRA weights peft creates in fp32, cast to the base's
+        dtype (they are then trained there, as the references train theirs)."""
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "lora_" in n and p.dtype != self.dtype:
+                    p.data = p.data.to(self.dtype)
 
     def model_device(self, model_index: int) -> torch.device:
         """Where model `model_index` computes: its parameters' device (trainer.placement=devices

@@ -154,7 +154,7 @@ def build(cfg: DictConfig, task: Any = None) -> Setup:
         check_trainable_dtype(resolve_dtype(cfg.model.dtype, resolve_device(cfg.model.device)))
     sharded = tc.fsdp and w.size > 1
     policies = AgentPolicies(task.agent_names, cfg.model, cfg.algo, cfg.seed, load_on_cpu=sharded,
-                             on_meta=sharded and tc.fsdp_load == "sharded")
+                             on_meta=sharded and tc.fsdp_load == "sharded", master_weights=tc.master_weights)
     check_context(cfg, policies)
     where = placement.setup(cfg, policies)
     placed = placement.place_models(policies, where)
