@@ -228,7 +228,8 @@ FREE_ON_RESUME = (
     "trainer.sequences_per_generate", "trainer.completions_per_micro_batch", "trainer.decode",
     "trainer.compile_decode", "trainer.gradient_checkpointing", "trainer.deterministic", "trainer.peak_tflops",
     "trainer.distributed_timeout_min", "trainer.vllm_gpu_memory_utilization", "trainer.vllm_sleep", "trainer.fsdp",
-    "trainer.fsdp_unshard_rollout", "trainer.placement", "trainer.placement_groups", "trainer.placement_devices",
+    "trainer.fsdp_unshard_rollout", "trainer.fsdp_load", "trainer.placement", "trainer.placement_groups",
+    "trainer.placement_devices",
     "trainer.work_split",  # the same steps, spread otherwise (a sharded checkpoint reshards)
     "model.device", "model.attn_implementation",
     "model.name",  # a label (runs from before model=local was named after its checkpoint dir)
