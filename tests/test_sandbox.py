@@ -557,7 +557,10 @@ def test_without_user_namespaces_code_rewards_are_refused_unless_process_mode_is
     assert "PROCESS accepted" in run.stdout and "weaker isolation" in run.stderr  # process mode says what it loses
 
 
-def test_ctrl_c_ends_every_running_program_at_once() -> None:
+@pytest.mark.parametrize("to", ["the process", "another thread"])
+def test_ctrl_c_ends_every_running_program_at_once(to) -> None:
+    """Ctrl-C (SIGINT to the process, which the kernel may hand to any thread: "another thread"
+    forces that case, where the main thread is only told by Python's flag) ends the runs at once."""
     import signal
     import threading
 
@@ -567,7 +570,14 @@ def test_ctrl_c_ends_every_running_program_at_once() -> None:
     program = (f"import ctypes, time\nctypes.CDLL(None).prctl(15, b'{name}', 0, 0, 0)\n"
                "def add(a, b):\n    time.sleep(60)\n")
     limits = SandboxLimits(timeout_s=60)
-    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT)).start()  # as Ctrl-C does
+
+    def ctrl_c():
+        if to == "the process":
+            os.kill(os.getpid(), signal.SIGINT)
+        else:
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    threading.Timer(1.5, ctrl_c).start()
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         run_tests_many([(program, TESTS, "add")] * 4, limits, workers=2)

@@ -102,9 +102,9 @@ def mid_model_dir(tmp_path_factory) -> Path:
     return measure_sharded_loading.build_model(tmp_path_factory.mktemp("mid_llama"))
 
 
-@pytest.mark.numerics
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks", [2, 4])
+# Under the second summation order (make test's rerun) 2 ranks suffice: the 4-rank case adds no other sum.
+@pytest.mark.parametrize("ranks", [pytest.param(2, marks=pytest.mark.numerics), 4])
 def test_sharded_loading_holds_a_ranks_shards_only_and_trains_the_same_weights(tiny_model_dir, mid_model_dir,
                                                                                 tmp_path, ranks):
     """Peak RSS while loading, per rank (the 43M-parameter model): at most its shards + one

@@ -9,6 +9,7 @@ import json
 import logging
 import signal
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -225,7 +226,13 @@ def _map_in_pool(fn, jobs: list, workers: int) -> list:
             raise
     pool = ThreadPoolExecutor(max_workers=min(workers, len(jobs)), thread_name_prefix="sandbox")
     try:
-        return list(pool.map(reported, jobs))
+        futures = [pool.submit(reported, job) for job in jobs]
+        # Waited on in short slices: a Ctrl-C the kernel hands to another thread only sets Python's
+        # flag, and a main thread blocked in one long wait would not see it until a program ends
+        # (seen under load: 240 s of 60 s programs run on after the signal).
+        while futures_wait(futures, timeout=0.2).not_done:
+            pass
+        return [f.result() for f in futures]
     except BaseException:  # Ctrl-C: end the running programs now, start no more
         pool.shutdown(wait=False, cancel_futures=True)
         kill_all()
