@@ -282,11 +282,14 @@ def estimate(a: Arch, w: Workload, lay: Layout, gpu_bytes: int | None = None) ->
     per_layer = a.activation_elements(frozen_linears=not w.full and not w.all_linear)
     # A recomputed layer, with the gradients flowing through it, takes a whole layer's worth even
     # where frozen linears keep nothing.
-    # A bf16 RMSNorm upcasts its input to fp32 and keeps that copy (4h bytes) beside its bf16 output
-    # (2h) where the elements count 2 x 2h: 2h more bytes per norm and token (2 a layer, and the final one).
-    norm_extra = 2 * a.hidden if w.compute_bytes == 2 else 0
-    layer = tokens * (a.activation_elements() * w.compute_bytes + 2 * norm_extra)
-    full_acts = tokens * ((a.layers * per_layer + 3 * a.hidden) * w.compute_bytes + (2 * a.layers + 1) * norm_extra)
+    # A bf16 RMSNorm upcasts its input to fp32 and keeps that copy (4 bytes an element) beside its bf16
+    # output (2), where the elements count 2 x 2: 2 more bytes per element it normalizes, per token
+    # (a layer's two norms of h, Qwen3's q and k norms of q and kv, and the final norm).
+    norm_elements = 2 * a.hidden + (a.q + a.kv if a.qk_norm else 0)
+    norm_extra = 2 * norm_elements if w.compute_bytes == 2 else 0
+    layer = tokens * (a.activation_elements() * w.compute_bytes + norm_extra)
+    full_acts = tokens * ((a.layers * per_layer + 3 * a.hidden) * w.compute_bytes + a.layers * norm_extra
+                          + (2 * a.hidden if w.compute_bytes == 2 else 0))
     ckpt_acts = tokens * (a.layers + 3) * a.hidden * w.compute_bytes + layer  # inputs kept, one layer recomputed
     p.activations, p.activations_other = (ckpt_acts, full_acts) if w.checkpointing else (full_acts, ckpt_acts)
     chunk_rows = min(w.micro_batch * w.new_tokens, max(1, LOGIT_CHUNK_ELEMENTS // a.vocab))
