@@ -60,6 +60,7 @@ import torch
 
 from marl_llm.config import UserError
 from marl_llm.distributed import data_parallel as distributed
+from marl_llm.models.scoring import at_least_fp32
 
 # What trainer.fsdp uses of torch's FSDP2 beyond fully_shard itself (older torch lacks them).
 FSDP2_NEEDS = ("fully_shard(ignored_params=...)", "FSDPModule.set_reduce_scatter_unused_params")
@@ -414,10 +415,6 @@ def sync_replicated(params: list[torch.Tensor], weight: float, agreed: Agreement
     distributed.sync_gradients(whole, 1.0 if agreed.sharded_grads else weight)
 
 
-def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.promote_types(t.dtype, torch.float32))
-
-
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float | None) -> float:
     """torch's clip_grad_norm_ (None: no clipping, the norm measured), over FSDP-sharded gradients
     too: the squared norms of this rank's shards are summed over the mesh, the whole gradients
@@ -429,10 +426,10 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float | None) -> float:
         return float(torch.nn.utils.clip_grad_norm_(params, limit))
     whole = [g for g in grads if not _is_dtensor(g)]
     local = [g.to_local() for g in shards]
-    squares = torch.stack([torch.linalg.vector_norm(_at_least_fp32(g)) ** 2 for g in local]).sum()
+    squares = torch.stack([torch.linalg.vector_norm(at_least_fp32(g)) ** 2 for g in local]).sum()
     torch.distributed.all_reduce(squares, group=shards[0].device_mesh.get_group())
     if whole:
-        squares = squares + sum(torch.linalg.vector_norm(_at_least_fp32(g)).to(squares.device) ** 2 for g in whole)
+        squares = squares + sum(torch.linalg.vector_norm(at_least_fp32(g)).to(squares.device) ** 2 for g in whole)
     total = squares.sqrt()
     coef = torch.clamp(limit / (total + 1e-6), max=1.0)
     with torch.no_grad():

@@ -137,7 +137,8 @@ def final_states(model: Any, head: torch.nn.Module, **inputs: Any):
     return out, states, autocast
 
 
-def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    """`t` in float32, or as it is when wider (float64 runs keep float64)."""
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
@@ -146,7 +147,7 @@ def _chunk_logprobs(head: torch.nn.Module | None, x: torch.Tensor, targets: torc
     """Log-probs [n] of `targets` [n] from hidden states x [n, H] (head=None: x are logits
     [n, V]), in fp32 (fp64 stays fp64, so the tests can tell rounding from a real difference). Appends the entropies [n] (no gradient) to entropy["chunks"] unless
     entropy["done"] (the checkpoint's recomputation in the backward)."""
-    logits = _at_least_fp32(x if head is None else head(x))  # [n, V]
+    logits = at_least_fp32(x if head is None else head(x))  # [n, V]
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(1, targets.unsqueeze(1)).squeeze(1) - lse
     if entropy is not None and not entropy["done"]:
