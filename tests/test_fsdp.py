@@ -474,9 +474,9 @@ FULL_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.numerics
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks", [2, 4])
+# Under the second summation order (make test's rerun) 2 ranks suffice: 4 shard the same sums otherwise.
+@pytest.mark.parametrize("ranks", [pytest.param(2, marks=pytest.mark.numerics), 4])
 def test_full_fine_tuning_sharded_over_ranks_equals_one_process(tiny_model_dir, tmp_path, ranks):
     """Full fine-tuning (2 trainer steps of 2 PPO epochs: 8 AdamW steps at lr 1e-3, clipped) with
     the policy sharded over 2 or 4 ranks, each with its share of the samples, against one process
