@@ -323,7 +323,7 @@ def _mixed_vs_peft(model, names, ids):
         want = at_least_fp32(model(input_ids=ids, adapter_names=names).logits)
         with MixedLoRA(model, names) as lora:
             lora.set_rows(names)
-            dtypes = {(layer._mixed_A.dtype, layer._mixed_B.dtype, lora.mask.dtype) for layer in lora._layers}
+            dtypes = {(layer._mixed_At.dtype, layer._mixed_Bt.dtype, lora.mask.dtype) for layer in lora._layers}
             got = at_least_fp32(model(input_ids=ids).logits)
         with model.disable_adapter():
             bare = at_least_fp32(model(input_ids=ids).logits)
@@ -395,16 +395,16 @@ def test_mixed_lora_keeps_its_buffers_per_adapter_set_and_refills_them(policies)
         for names in (["agent_aux"], ["agent_main", "agent_aux"], ["agent_aux"], ["agent_aux", "agent_main"]):
             with MixedLoRA(model, names) as lora:
                 lora.set_rows(names * 2)
-                seen.append((layer._mixed_A.data_ptr(), lora.mask.data_ptr(), layer._mixed_A.shape[0]))
+                seen.append((layer._mixed_At.data_ptr(), lora.mask.data_ptr(), layer._mixed_At.shape[1]))
                 assert layer.forward is lora._kept.forwards[id(layer)]  # one mixed forward per layer, kept
     assert seen[0] == seen[2] and seen[1] == seen[3] and seen[0][0] != seen[1][0]
     with torch.inference_mode(), MixedLoRA(model, ["agent_aux"]):
         lora_a = layer.lora_A["agent_aux"].weight
-        assert torch.equal(layer._mixed_A, lora_a.to(layer._mixed_A.dtype))
+        assert torch.equal(layer._mixed_At, lora_a.T.to(layer._mixed_At.dtype))
     with torch.no_grad():
         lora_a.add_(1.0)  # the adapter changed (an update): the same buffer, the new values
     with torch.inference_mode(), MixedLoRA(model, ["agent_aux"]):
-        assert layer._mixed_A.data_ptr() == seen[0][0] and torch.equal(layer._mixed_A, lora_a)
+        assert layer._mixed_At.data_ptr() == seen[0][0] and torch.equal(layer._mixed_At, lora_a.T)
     with torch.no_grad():
         lora_a.sub_(1.0)
 
@@ -479,7 +479,7 @@ def test_compiled_decode_equals_eager_and_compiles_once_for_one_shape(tiny_model
             out = [c.completion_ids.tolist() for c in run.rollout.generate(requests)]
             counts.append(static_step.compile_counts())
             lora_a = next(m for n, m in model.named_modules() if n.endswith("q_proj"))
-            stacks.append(lora_a._mixed_A.data_ptr())
+            stacks.append(lora_a._mixed_At.data_ptr())
             if policies.dtype == torch.float64:
                 assert out == eager
             else:  # bf16 on CUDA: compiled kernels round differently; near-ties of a random model may flip
@@ -641,3 +641,52 @@ def test_a_compiled_decode_step_of_fp32_master_weights_holds_no_weight_cast(tiny
     assert torch.equal(eager_autocast, eager_cast_once)
     back = list(model.parameters())
     assert len(back) == len(masters) and all(a is b for a, b in zip(back, masters))  # the master parameters themselves
+
+
+class TorchCalls(TorchFunctionMode):
+    """Counts every Python-level torch call (functions, methods, attribute reads): each is host
+    time per token on a GPU, where a decode step is host-bound."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_decode_loop_makes_no_more_torch_calls_per_layer_and_token_than_generate(tiny_model_dir, tmp_path):
+    """Python-level torch calls per decoder layer per token (the slope between a 2- and a 4-layer
+    Llama, and between 9 and 41 new tokens): the project's decode loop, with rows of both agents'
+    adapters (MixedLoRA), against transformers' `generate` on the same peft model with one active
+    adapter (sampling, no early end). Measured: 84 against 86."""
+    from conftest import build_tiny_model
+
+    def per_token(model_dir) -> tuple[float, float, int]:
+        policies = make_policies(model_dir)
+        model, tok = policies.models[0], policies.tokenizers[0]
+        prompt = encode_prompt(tok, "hello there")
+
+        def ours(steps: int) -> int:
+            sampling = SamplingParams(temperature=1.0, max_new_tokens=steps, min_new_tokens=steps)
+            with torch.inference_mode(), TorchCalls() as calls:
+                decode(model, [prompt] * 4, ["agent_aux", "agent_main"] * 2, [sampling] * 4, [10**9], tok.pad_token_id,
+                       row_keys=[0, 1, 2, 3])
+            return calls.n
+
+        def generate(steps: int) -> int:
+            model.set_adapter("agent_aux")
+            ids = torch.tensor([prompt] * 4)
+            with torch.inference_mode(), TorchCalls() as calls:
+                model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0, top_p=1.0,
+                               max_new_tokens=steps, min_new_tokens=steps, pad_token_id=tok.pad_token_id)
+            return calls.n
+
+        return (ours(41) - ours(9)) / 32, (generate(41) - generate(9)) / 32, model.config.num_hidden_layers
+
+    two, four = per_token(tiny_model_dir), per_token(build_tiny_model(tmp_path / "four_layers", layers=4))
+    assert (two[2], four[2]) == (2, 4)
+    ours_per_layer = (four[0] - two[0]) / (four[2] - two[2])
+    generate_per_layer = (four[1] - two[1]) / (four[2] - two[2])
+    assert 50 < generate_per_layer and ours_per_layer <= generate_per_layer, (ours_per_layer, generate_per_layer)

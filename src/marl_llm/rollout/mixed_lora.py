@@ -4,12 +4,16 @@ peft's mixed batches (`adapter_names=[...]`) split the batch inside every LoRA l
 adapter, index its rows, run A and B, scale, and scatter back. On CPU decoding, where every step
 is a few hundred small ops, that per-adapter bookkeeping in 4 projections x 30 layers nearly
 doubled rollout time (measured: results/bench.md). Here every LoRA layer instead stacks the
-adapters' A matrices ([n*r, in]) and their scaled B matrices ([out, n*r]) once per rollout, and a
-row mask [rows, 1, n*r] keeps each row's own block:
+adapters' A matrices and their scaled B matrices once per rollout, transposed (A_all.T [in, n*r],
+B_all.T [n*r, out]), and a row mask [rows, 1, n*r] keeps each row's own block:
 
     y = base(x) + ((x @ A_all.T) * mask) @ B_all.T     ==  base(x) + s_a * B_a @ A_a @ x  for row adapter a
 
-Two small matmuls per layer, whatever the number of agents. The stacks are in the compute dtype:
+Two small matmuls per layer, whatever the number of agents, and four torch calls beside the base
+layer's (each is host time per token on a GPU; no cast: under autocast the matmuls cast, and
+without it x, the stacks and the base's output share one dtype). Counted in the decode loop on a
+Llama with LoRA on q and v: 84 torch calls per decoder layer and token, where transformers'
+generate makes 86 with one peft adapter (tests/test_decode.py counts both). The stacks are in the compute dtype:
 bf16/fp16 on a bf16/fp16 base or under autocast (peft keeps adapters fp32, which would run the
 LoRA matmuls in fp32, off the tensor cores), else the adapters' own fp32. The row mask is built
 once per batch composition (set_rows), not per step. The stacks, the row mask and each layer's
@@ -49,7 +53,7 @@ def _lora_linears(model) -> list[Any]:
 class _Kept:
     """What MixedLoRA keeps of one model between rollouts: the row mask in use and one buffer per
     row count (refilled in place), and each LoRA layer's mixed forward (one bound method per layer,
-    reading its stacks `layer._mixed_A` / `layer._mixed_B`, which stay on the layer)."""
+    reading its transposed stacks `layer._mixed_At` / `layer._mixed_Bt`, which stay on the layer)."""
 
     mask: torch.Tensor | None = None
     masks: dict[tuple, torch.Tensor] = field(default_factory=dict)
@@ -137,15 +141,15 @@ class MixedLoRA:
                 pad = r - A.shape[0]  # adapters of a smaller rank fill their block with zeros
                 a_blocks.append(torch.nn.functional.pad(A, (0, 0, 0, pad)))
                 b_blocks.append(torch.nn.functional.pad(B * layer.scaling[a], (0, pad)))  # scaled in fp32
-            stack_a = torch.cat(a_blocks, dim=0).detach().to(self.dtype)  # [n*r, in]
-            stack_b = torch.cat(b_blocks, dim=1).detach().to(self.dtype)  # [out, n*r]
+            stack_a = torch.cat(a_blocks, dim=0).detach().to(self.dtype).T.contiguous()  # [in, n*r]
+            stack_b = torch.cat(b_blocks, dim=1).detach().to(self.dtype).T.contiguous()  # [n*r, out]
             # One pair of kept stacks per adapter set: a rollout of one agent's rows and one of
             # both agents' each find their own buffers again.
             if getattr(layer, "_mixed_stacks", None) is None:
                 layer._mixed_stacks = {}
             held_a, held_b = layer._mixed_stacks.get(tuple(self.adapters), (None, None))
-            layer._mixed_A, layer._mixed_B = _refill(held_a, stack_a), _refill(held_b, stack_b)
-            layer._mixed_stacks[tuple(self.adapters)] = (layer._mixed_A, layer._mixed_B)
+            layer._mixed_At, layer._mixed_Bt = _refill(held_a, stack_a), _refill(held_b, stack_b)
+            layer._mixed_stacks[tuple(self.adapters)] = (layer._mixed_At, layer._mixed_Bt)
             if id(layer) not in self._kept.forwards:
                 self._kept.forwards[id(layer)] = types.MethodType(_mixed_forward(self._kept), layer)
             layer.forward = self._kept.forwards[id(layer)]
@@ -171,8 +175,6 @@ def compute_dtype(base_weight: torch.Tensor, adapter_weight: torch.Tensor) -> to
 def _mixed_forward(owner: _Kept):
     def forward(layer, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         result = layer.base_layer(x, *args, **kwargs)
-        A, B = layer._mixed_A, layer._mixed_B
-        h = x.to(A.dtype) @ A.T  # [rows, L, n*r]
-        return result + ((h * owner.mask) @ B.T).to(result.dtype)
+        return result + ((x @ layer._mixed_At) * owner.mask) @ layer._mixed_Bt  # [rows, L, n*r] in between
 
     return forward
