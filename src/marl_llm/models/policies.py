@@ -230,7 +230,8 @@ class AgentPolicies:
         # instead and each rank reads only its shards (fsdp.load_shards). LoRA bases load on the
         # CPU whole: peft draws the adapters' initial weights where the base is.
         load_device = torch.device("cpu") if load_on_cpu else self.device
-        on_meta = on_meta and algo_cfg.lora is None
+        # Whether fully fine-tuned models of this run load on the meta device (a separate critic too).
+        self.on_meta = on_meta = on_meta and algo_cfg.lora is None
         self.dtype = resolve_dtype(model_cfg.dtype, self.device)
         if master_weights == "bf16" and self.dtype != torch.bfloat16:
             raise UserError(f"trainer.master_weights=bf16 keeps the trained weights in model.dtype, which is "
