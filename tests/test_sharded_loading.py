@@ -124,3 +124,34 @@ def test_sharded_loading_holds_a_ranks_shards_only_and_trains_the_same_weights(t
         assert r["loaded_unequal"] == [] and r["trained_unequal"] == [], r
         assert r["moved"] > 1e-4  # two trainer steps really moved the weights
         assert r["fused_moved"] > 1e-4 and r["fused_max_diff"] <= FLOAT64_REL * r["fused_scale"], r
+
+
+@pytest.mark.slow
+def test_a_collm_run_with_a_separate_critic_loads_sharded_as_it_loads_whole(tiny_model_dir, tmp_path):
+    """CoLLM-CC with fully fine-tuned actors and a separate critic (the CoLLM paper presets' layout)
+    on 2 ranks: loaded sharded (actors and critic on the meta device, each rank reading its rows)
+    and loaded whole, one trainer step each; the exported actors are bitwise the same (their
+    advantages come from the critic's values, so its weights loaded the same too)."""
+    import subprocess
+
+    import torch
+
+    from conftest import torchrun
+    from test_distributed import env
+    from test_sharded_training import agents, ok
+
+    def collm(run_dir: Path, *extra: str):
+        return ok(subprocess.run(
+            [*torchrun(2, "-m", "marl_llm"), "model=local", f"model.path={tiny_model_dir}", "model.dtype=float32",
+             "logger=none", "algo=collm_cc", "task=tldr", "algo.critic.placement=separate", "algo.lora=null",
+             "algo.num_turns=1", "algo.sampling.max_new_tokens=4", "algo.sampling.top_p=1.0", "trainer.max_steps=1",
+             "trainer.prompts_per_step=2", "trainer.fsdp=true", "trainer.eval_before=false", "trainer.eval_after=false",
+             f"run_dir={run_dir}", *extra], env=env(), capture_output=True, text=True, timeout=600))
+
+    out = collm(tmp_path / "sharded")
+    assert "FSDP: the models are sharded over 2 ranks" in out.stdout
+    collm(tmp_path / "whole", "trainer.fsdp_load=whole")
+    a, b = agents(tmp_path / "sharded"), agents(tmp_path / "whole")
+    assert a and a.keys() == b.keys()
+    unequal = [(k, n) for k in a for n in a[k] if not torch.equal(a[k][n], b[k][n])]
+    assert not unequal, unequal[:3]
