@@ -1,6 +1,6 @@
 """Sharded loading (`trainer.fsdp_load=sharded`, the default with trainer.fsdp): fully fine-tuned
 policies are built on the meta device and each rank reads only its shards' rows from the
-safetensors files (distributed/fsdp.py `load_shards`), on 2 and 4 gloo ranks:
+safetensors files (distributed/sharded_loading.py), on 2 and 4 gloo ranks:
 
 - each rank's peak RSS while loading, measured (getrusage), grows by at most its shards of the
   two policies plus one tensor's rows plus LOADING_SLACK (the tokenizer, Python objects), less

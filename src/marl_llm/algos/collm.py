@@ -110,7 +110,7 @@ class ActorCritic(Algorithm):
             # fp32 master weights under bf16 autocast, as a fully fine-tuned actor (models.full_model):
             # trained in bf16, AdamW at the presets' lr 5e-6 would round every update away.
             # On its agents' device (trainer.placement=devices puts the policies on several).
-            # Under FSDP with sharded loading, on the meta device: each rank reads its shards (fsdp.load_shards).
+            # Under FSDP with sharded loading, on the meta device: each rank reads its shards (distributed/sharded_loading.py).
             model, _ = load_base(p.base_specs[k], p.model_cfg, p.model_device(k),
                                  torch.float32 if p.autocast_dtype is not None else p.dtype, on_meta=p.on_meta)
             full_model(model, p.autocast_dtype, device_type=p.device.type)

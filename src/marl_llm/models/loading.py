@@ -260,7 +260,7 @@ def empty_model(source: str, local: bool, dtype: torch.dtype, kwargs: dict[str, 
     """The model of checkpoint `source` with its parameters on the meta device (no memory, no
     weight read) in `dtype`, its buffers real (rotary frequencies are computed, not stored), its
     generation config read, and `marl_checkpoint`: {parameter name: safetensors file} to load
-    each rank's shard from (`fsdp.load_shards`). Why: every rank building whole models on the CPU
+    each rank's shard from (`sharded_loading.load_shards`). Why: every rank building whole models on the CPU
     before sharding them took 2 x 32.8 GB per rank for an 8B base's two fully fine-tuned policies."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig

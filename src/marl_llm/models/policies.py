@@ -227,7 +227,7 @@ class AgentPolicies:
         self.master_weights = master_weights
         # FSDP loads bases on the CPU and moves each rank's shards to the device (fsdp.py); fully
         # fine-tuned policies (`on_meta`, trainer.fsdp_load=sharded) are built on the meta device
-        # instead and each rank reads only its shards (fsdp.load_shards). LoRA bases load on the
+        # instead and each rank reads only its shards (distributed/sharded_loading.py). LoRA bases load on the
         # CPU whole: peft draws the adapters' initial weights where the base is.
         load_device = torch.device("cpu") if load_on_cpu else self.device
         # Whether fully fine-tuned models of this run load on the meta device (a separate critic too).
