@@ -339,7 +339,7 @@ def interrupted_line(progress: Progress) -> str:
             f"{resume_command(run_dir, 'true')}")
 
 
-NOT_STARTED = "interrupted before the run started: nothing was trained; run the same command to start it"
+from marl_llm.runs import NOT_STARTED  # noqa: E402  (the line lives with the package: cli/launch.py reads it light)
 
 
 @contextlib.contextmanager
