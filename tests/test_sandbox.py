@@ -577,10 +577,16 @@ def test_ctrl_c_ends_every_running_program_at_once(to) -> None:
         else:
             signal.pthread_kill(threading.get_ident(), signal.SIGINT)
 
+    # Python's own SIGINT handler, as in a terminal: a suite started in the background (`make test &`,
+    # nohup) inherits SIGINT ignored, and Python keeps it ignored.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(1.5, ctrl_c).start()
     t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        run_tests_many([(program, TESTS, "add")] * 4, limits, workers=2)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_tests_many([(program, TESTS, "add")] * 4, limits, workers=2)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     assert time.monotonic() - t0 < 6
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline and processes_named(name):
