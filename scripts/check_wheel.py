@@ -90,7 +90,7 @@ def fresh_venv(work: Path, wheel: Path, torch: str, env: dict[str, str]) -> Path
     proc = run([sys.executable, "-m", "venv", str(venv)], work, env)
     check(proc.returncode == 0, "no venv", proc)
     # --no-compile: pip byte-compiles every module it installs (torch's alone took 13 of 18 s); the
-    # commands below compile what they import, once (43 s instead of 63 s to install, 9 s more to use).
+    # commands below compile what they import, once (25-43 s instead of 63 s to install, ~9 s more to use).
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile"]
     for args, what in (([torch], f"{torch} did not install"),
                        ([str(wheel)], "the wheel did not install with its dependencies"),
