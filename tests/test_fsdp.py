@@ -128,6 +128,7 @@ LOCKSTEP_SCRIPT = textwrap.dedent("""
     distributed.barrier()
     with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
         json.dump(out, f)
+    distributed.barrier()  # every rank done before the group goes: gloo aborted a rank torn down early
     distributed.shutdown()
 """)
 
@@ -300,6 +301,7 @@ UNSHARD_SCRIPT = textwrap.dedent("""
     out["grad_max"] = float(g_whole.abs().max())
     with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
         json.dump(out, f)
+    distributed.barrier()  # every rank done before the group goes: gloo aborted a rank torn down early
     distributed.shutdown()
 """)
 
@@ -380,6 +382,7 @@ COUNT_SCRIPT = textwrap.dedent("""
     out["grad_norm"] = float(g.norm())
     with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
         json.dump(out, f)
+    distributed.barrier()  # every rank done before the group goes: gloo aborted a rank torn down early
     distributed.shutdown()
 """)
 
@@ -470,6 +473,7 @@ FULL_SCRIPT = textwrap.dedent("""
     with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
         json.dump(out, f)
     distributed.set_world(w)
+    distributed.barrier()  # every rank done before the group goes: gloo aborted a rank torn down early
     distributed.shutdown()
 """)
 

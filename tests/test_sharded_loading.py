@@ -93,6 +93,7 @@ RANK_SCRIPT = textwrap.dedent("""
     out["fused_scale"] = max(float(a.to_local().abs().max()) for a in copies["fused"])
     with open(f"{out_dir}/rank{r}.json", "w") as f:
         json.dump(out, f)
+    distributed.barrier()  # every rank done before the group goes: gloo aborted a rank torn down early
     distributed.shutdown()
 """)
 
