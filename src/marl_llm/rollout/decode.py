@@ -70,9 +70,8 @@ class HFRollout:
         self.max_batch = max_batch
         self.static, self.compile_decode = resolve_decode(
             decode, compile_decode, policies.device.type, all(full_attention_only(m) for m in policies.models), sharded)
-        asked = resolve_decode(decode, compile_decode, policies.device.type, True)
-        if sharded and asked != (False, False):  # one line where the run would have decoded otherwise
-            announce(FSDP_EAGER)
+        if sharded and resolve_decode(decode, compile_decode, policies.device.type, True) != (False, False):
+            announce(FSDP_EAGER)  # one line where the run would have decoded otherwise
         self.kv_cache_gib = kv_cache_gib
         self._told_budget = False
 

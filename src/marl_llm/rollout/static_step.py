@@ -30,7 +30,6 @@ callback of torch's compile-event hooks; None where this torch has none).
 from __future__ import annotations
 
 import weakref
-from collections import OrderedDict
 from typing import Any, Callable
 
 import torch
@@ -42,7 +41,8 @@ from marl_llm.models.cache_api import cache_kwargs
 CAPACITY_MULTIPLE = 64  # a compiled static cache's length is rounded up to a multiple of this
 ROW_MULTIPLE = 8  # and its rows
 
-_KEPT: "weakref.WeakKeyDictionary[Any, OrderedDict[tuple, StaticCache]]" = weakref.WeakKeyDictionary()
+# The one static cache kept per model, with its shape: model -> (shape, StaticCache).
+_KEPT: "weakref.WeakKeyDictionary[Any, tuple[tuple, StaticCache]]" = weakref.WeakKeyDictionary()
 
 
 def full_attention_only(model) -> bool:
@@ -74,30 +74,26 @@ def static_cache(model, cache: Any, capacity: int, keep: bool = False) -> Static
                         "set trainer.decode=dynamic")
     first = layers[0].keys
     shape = (first.shape[0], capacity, first.dtype, first.device, torch.is_inference_mode_enabled())
-    kept = _KEPT.setdefault(model, OrderedDict()) if keep else None
-    static = kept.pop(shape, None) if kept is not None else None
-    if kept is not None:
-        kept.clear()  # another shape's cache goes before this one allocates
+    kept_shape, static = _KEPT.pop(model, (None, None)) if keep else (None, None)
+    if kept_shape != shape:
+        static = None  # another shape's cache goes before this one allocates
     if static is None:
         static = StaticCache(config=model.config, max_cache_len=capacity)
     else:
         static.reset()  # zeroes the buffers and the write position, in place
     for fixed, filled in zip(static.layers, layers, strict=True):
         fixed.update(filled.keys, filled.values)  # first use allocates [B, H, capacity, D]; writes positions [0, P)
-    if kept is not None:
-        kept[shape] = static
+    if keep:
+        _KEPT[model] = (shape, static)
     return static
 
 
 def kept_cache_bytes(model) -> int:
     """Bytes of the static cache kept for `model` (a rollout's KV budget may reuse them: a call of
     another shape frees them before allocating)."""
-    total = 0
-    for static in _KEPT.get(model, {}).values():
-        for layer in static.layers:
-            if getattr(layer, "is_initialized", False):
-                total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
-    return total
+    _, static = _KEPT.get(model, (None, None))
+    layers = [] if static is None else [layer for layer in static.layers if getattr(layer, "is_initialized", False)]
+    return sum(t.numel() * t.element_size() for layer in layers for t in (layer.keys, layer.values))
 
 
 def release_kept_caches(model) -> None:
