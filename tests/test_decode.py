@@ -116,6 +116,43 @@ def test_static_decode_gives_the_dynamic_tokens_and_generates_greedy(policies64)
         assert rollout.cut_at_eos(ids, policies_eos)[0].tolist() == hf_greedy(policies, a, m, n)
 
 
+def test_a_static_step_reads_the_running_rows_over_a_window_that_grows_with_them_not_the_cap(policies):
+    """The static step's KV reads (rollout/static_step.py): at every step, each layer reads only
+    the rows still running (finished ones leave at the checks) and a window of at most twice the
+    positions written (at least CAPACITY_MULTIPLE), however large the cap; over the rollout that
+    is well under what reading the whole cache for every row costs."""
+    from marl_llm.rollout import static_step
+
+    model, tok = policies.models[0], policies.tokenizers[0]
+    cap = 300  # the longest row's max_new_tokens: the cache's capacity is its prompt plus this
+    params = [SamplingParams(temperature=1.0, max_new_tokens=n, min_new_tokens=n) for n in (cap, 20, 20, 40)]
+    prompts = [encode_prompt(tok, m) for m in ("solve it", "x", "hello there", "short")]
+    reads = []  # (rows, window, positions written before this step) per layer per decode step
+    read = static_step.LiveStaticLayer.update
+
+    def reading(layer, key_states, *args, **kwargs):
+        written = int(layer.cumulative_length)
+        keys, values = read(layer, key_states, *args, **kwargs)
+        if key_states.shape[-2] == 1:
+            reads.append((keys.shape[0], keys.shape[2], written))
+        return keys, values
+
+    with torch.inference_mode(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(static_step.LiveStaticLayer, "update", reading)
+        out = decode(model, prompts, [policies.agents[0].adapter] * 4, params, [], tok.pad_token_id,
+                     row_keys=[1, 2, 3, 4], static=True)
+    assert [len(o) for o in out] == [cap, 20, 20, 40]
+    width = max(len(p) for p in prompts)
+    layers = len(model.get_base_model().model.layers)
+    assert len(reads) == layers * (cap - 1)  # every step of every layer seen
+    for rows, window, written in reads:
+        assert written < window <= max(static_step.CAPACITY_MULTIPLE, 2 * (written + 1)), (window, written)
+        step = written - width  # rows 2 and 3 end at step 19 and leave at the check of step 31, row 4 at 47
+        assert rows == (4 if step < 31 else 2 if step < 47 else 1), (rows, step)
+    whole = layers * (cap - 1) * 4 * (width + cap)  # every row's whole cache at every step
+    assert sum(rows * window for rows, window, _ in reads) < 0.4 * whole
+
+
 @pytest.mark.numerics
 def test_keyed_rows_are_reproducible_and_unkeyed_rows_follow_the_global_seed(policies64):
     """The same loop twice (determinism), and unkeyed rows of the dynamic vs the static loop under
@@ -430,13 +467,15 @@ def test_decode_keys_reach_the_rollout_and_bad_values_say_the_fix(tiny_model_dir
                     reason="inductor (torch 2.13) emits at::vec kernels without their header at "
                            "ATEN_CPU_CAPABILITY=default: a C++ compile error, in float32 too "
                            "(the plain run covers this test)")
-def test_compiled_decode_equals_eager_and_compiles_once_for_one_shape(tiny_model_dir, tmp_path):
+def test_compiled_decode_equals_eager_and_compiles_once_per_bucket(tiny_model_dir, tmp_path):
     """trainer.decode=static with trainer.compile_decode=true (inductor on the CPU, CUDA graphs on
-    a GPU): greedy tokens equal to the eager static loop's; three rollouts of one shape compile
-    one graph, and reuse one kept StaticCache and MixedLoRA's kept stacks (the same addresses: on
-    CUDA the graph is recorded once, counted); with the FLOP meter's hooks live (decode called
-    outside the trainer, nothing paused) it compiles nothing more. 6 rows run as 8 (ROW_MULTIPLE):
-    the extra rows' tokens are dropped. Compiled vs eager tokens are compared on a float64 model on
+    a GPU): greedy tokens equal to the eager static loop's; the first rollout compiles a graph
+    per (rows, window) bucket it meets (16 rows, then 8 once the short rows leave; a window of 64
+    positions, then 128), and the next two compile nothing more, and reuse one kept StaticCache
+    and MixedLoRA's kept stacks (the same addresses: on CUDA the graphs are recorded once,
+    counted); with the FLOP meter's hooks live (decode called outside the trainer, nothing
+    paused) it compiles nothing more. 12 rows run as 16 (ROW_MULTIPLE): the extra rows' tokens
+    are dropped. Compiled vs eager tokens are compared on a float64 model on
     the CPU (the same token ids: a near-tie cannot flip on the compiled kernels' rounding); on CUDA
     the model is bf16 (the compiled path that runs there) and most rows must agree."""
     from marl_llm.rollout import static_step
@@ -455,15 +494,32 @@ def test_compiled_decode_equals_eager_and_compiles_once_for_one_shape(tiny_model
         for k, adapter in policies.trainable_adapters():
             for p in policies.adapter_parameters(k, adapter):
                 p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(adapter))).to(p) * 0.5)
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
-    rows = [(0, "solve it"), (1, "solve it"), (0, "a much longer prompt " * 3), (1, "x"), (1, "solve it"), (0, "x")]
-    requests = [GenRequest(a, m, greedy, key=j) for j, (a, m) in enumerate(rows)]
+    short, long = (SamplingParams(temperature=0.0, max_new_tokens=n, min_new_tokens=n) for n in (12, 70))
+    rows = [(0, "solve it"), (1, "solve it"), (0, "a much longer prompt " * 3), (1, "x"), (1, "solve it"), (0, "x")] * 2
+    greedy = [short] * 6 + [long] * 6
+    requests = [GenRequest(a, m, g, key=j) for j, ((a, m), g) in enumerate(zip(rows, greedy))]
     prompts = [encode_prompt(tok, m) for _, m in rows]
     adapters = [policies.agents[a].adapter for a, _ in rows]
     eos = policies.eos_ids[0]
-    with torch.inference_mode(), policies.autocast(0):
+    shapes = []  # the (rows, window) each decode step reads, in every layer
+    read = static_step.LiveStaticLayer.update
+
+    def reading(layer, key_states, *args, **kwargs):
+        keys, values = read(layer, key_states, *args, **kwargs)
+        if key_states.shape[-2] == 1:  # a decode step (not the prefill's copy)
+            shapes.append((keys.shape[0], keys.shape[2]))
+        return keys, values
+
+    with torch.inference_mode(), policies.autocast(0), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(static_step.LiveStaticLayer, "update", reading)
         eager = [rollout.cut_at_eos(ids, eos)[0].tolist() for ids in
-                 decode(model, prompts, adapters, [greedy] * len(rows), eos, tok.pad_token_id, static=True)]
+                 decode(model, prompts, adapters, greedy, eos, tok.pad_token_id, static=True, compile_step=False)]
+    # The eager static loop's views: 12 rows, then the 6 long ones from the check at step 16; a
+    # window of 64 positions, then its capacity (its longest prompt + 70). The compiled step rounds
+    # the rows and the capacity up.
+    capacity = max(len(p) for p in prompts) + 70
+    assert 64 < capacity < 128 and shapes[0] == (12, 64), shapes[0]
+    assert sorted(set(shapes)) == [(6, 64), (6, capacity), (12, 64)], sorted(set(shapes))
 
     caches, stacks = [], []
     build_cache = static_step.static_cache
@@ -486,14 +542,15 @@ def test_compiled_decode_equals_eager_and_compiles_once_for_one_shape(tiny_model
                 assert sum(a == b for a, b in zip(out, eager)) >= len(rows) // 2
         with torch.inference_mode(), policies.autocast(0):  # outside the trainer: the hooks count
             before = run.meter.flops.total
-            direct = decode(model, prompts, adapters, [greedy] * len(rows), eos, tok.pad_token_id, static=True,
+            direct = decode(model, prompts, adapters, greedy, eos, tok.pad_token_id, static=True,
                             compile_step=True)
         counts.append(static_step.compile_counts())
     assert run.meter.flops.total > before  # the hooks were live (the eager prefill was counted)
     assert len(direct) == len(rows)
-    assert counts[0]["graphs"] >= 1 and all(c["graphs"] == counts[0]["graphs"] for c in counts), counts
+    # (16, 64), (8, 64), (8, 128); each its own graph, or more where dynamo breaks a step in two.
+    assert counts[0]["graphs"] >= 3 and all(c["graphs"] == counts[0]["graphs"] for c in counts), counts
     assert len({id(c) for c in caches}) == 1 and len(set(stacks)) == 1
-    assert caches[0].layers[0].keys.shape[0] == static_step.ROW_MULTIPLE
+    assert caches[0].layers[0].keys.shape[0] == 2 * static_step.ROW_MULTIPLE
     assert caches[0].layers[0].keys.shape[2] % static_step.CAPACITY_MULTIPLE == 0
     if policies.device.type == "cuda":
         assert all(c["cudagraph_recordings"] == counts[0]["cudagraph_recordings"] for c in counts), counts

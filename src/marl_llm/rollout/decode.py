@@ -29,9 +29,9 @@ from marl_llm.models.prompting import encode_prompt
 from marl_llm.rollout.base import PROGRESS, Completion, GenRequest
 from marl_llm.rollout.mixed_lora import MixedLoRA, has_adapters
 from marl_llm.rollout.sampling import PerRowSampling, SamplingParams, uniform_draws
-from marl_llm.rollout.static_step import (CAPACITY_MULTIPLE, ROW_MULTIPLE, compiled_step, full_attention_only,
-                                          kept_cache_bytes, model_step, release_kept_caches, round_up,
-                                          static_cache)
+from marl_llm.rollout.static_step import (CAPACITY_MULTIPLE, ROW_MULTIPLE, bucket, compact_rows, compiled_step,
+                                          full_attention_only, kept_cache_bytes, model_step, release_kept_caches,
+                                          round_up, set_view, static_cache)
 from marl_llm.rollout.stops import cut_at_stop, stop_position
 
 def cut_at_eos(generated: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, bool]:
@@ -273,10 +273,12 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
 
     Shapes: the prefill runs on the U distinct (adapter, prompt) pairs [U, P]; its KV cache is
     then gathered to the B rows; each decode step feeds [b, 1]. Dynamic (default): b is the rows
-    still running, finished rows leaving the batch every COMPACT_EVERY steps. `static`: b = B at
-    every step over a StaticCache of P + max_new_tokens positions (fixed shapes; finished rows
-    run on as padding), the same tokens; `compile_step` runs that step under torch.compile, over
-    the cache kept for its shape, rows and positions rounded up (static_step.py).
+    still running, finished rows leaving the batch every COMPACT_EVERY steps. `static`: a
+    StaticCache of P + max_new_tokens positions, each step reading a view of it: the running rows
+    (finished rows leave at the same checks; compiled, a bucket of rows >= the running ones) and a
+    window of a bucket of positions >= those written (fixed shapes, few of them), the same tokens;
+    `compile_step` runs that step under torch.compile, over the cache kept for its shape, rows
+    and positions rounded up (static_step.py).
     Nothing reads the device inside the loop but the check every COMPACT_EVERY steps; the
     generated ids stay on the device until the end.
     """
@@ -316,6 +318,8 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
             if compiled:  # fewer distinct shapes to compile (and capture as CUDA graphs)
                 capacity = round_up(capacity, CAPACITY_MULTIPLE)
             cache = static_cache(model, cache, capacity, keep=compiled)
+            window = bucket(width + 1, CAPACITY_MULTIPLE, capacity)
+            set_view(cache, B, window)
         elif preallocate_cache:
             preallocate(cache, steps)
         logits = head.logits[source, -1]  # [B, V]
@@ -360,10 +364,17 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
                 if all(done):
                     break
                 end = max(max_new[r] for r, d in zip(rows, done) if not d)
-                if any(done) and not static:  # finished rows leave the batch (and the cache)
-                    kept = [i for i, d in enumerate(done) if not d]
+                kept = [i for i, d in enumerate(done) if not d]
+                if compiled:  # a compiled step's rows come in buckets: finished rows fill the bucket
+                    size = bucket(len(kept), ROW_MULTIPLE, len(done))
+                    kept = sorted(kept + [i for i, d in enumerate(done) if d][:size - len(kept)])
+                if len(kept) < len(done):  # finished rows leave the batch (and the cache)
                     keep = torch.tensor(kept, device=device)
-                    cache.batch_select_indices(keep)
+                    if static:  # the running rows move to the front of the fixed buffers
+                        compact_rows(cache, keep, width + t)
+                        set_view(cache, len(kept), window)
+                    else:
+                        cache.batch_select_indices(keep)
                     rows = [rows[i] for i in kept]
                     row_index, token, att, next_pos = row_index[keep], token[keep], att[keep], next_pos[keep]
                     min_len, max_len, draws, finished = min_len[keep], max_len[keep], draws[keep], finished[keep]
@@ -371,9 +382,12 @@ def decode(model, prompts: list[list[int]], adapters: list[str], params: list[Sa
                     if mixed:
                         adapter_of_row = adapter_of_row[keep]
                         lora.set_rows(adapter_of_row)
+            if static and width + t + 1 > window:  # the next bucket of positions
+                window = bucket(width + t + 1, CAPACITY_MULTIPLE, capacity)
+                set_view(cache, len(rows), window)
             if compiled and device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()  # the last step's logits are consumed
-            logits = step(model, token.unsqueeze(1), next_pos.unsqueeze(1), att if static else att[:, :width + t + 1],
+            logits = step(model, token.unsqueeze(1), next_pos.unsqueeze(1), att[:, :window if static else width + t + 1],
                           cache, **({"adapter_names": [adapters[r] for r in rows]} if peft_mixed else {}))
             next_pos = next_pos + 1
     out = out.cpu()

@@ -22,6 +22,17 @@ shapes mean fewer compilations and recordings: a compiled rollout's capacity is 
 multiple of CAPACITY_MULTIPLE positions and its rows to a multiple of ROW_MULTIPLE (extra rows
 copy the first one, start finished, and are dropped; decode bandwidth, not rows, bounds a step).
 
+What a step reads. The cache is allocated once at its full capacity, but a step attends only
+over a live view of it: its first `rows` rows and `window` positions (`LiveStaticLayer`, views at
+the buffers' own addresses, so a compiled step's static inputs do not move). The window grows in
+buckets (CAPACITY_MULTIPLE x 2^k positions, at most the capacity) as the rows lengthen, and rows
+that finished leave the batch at the loop's checks, the running ones moved to the front
+(`compact_rows`), the rows a bucket of ROW_MULTIPLE x 2^k (compiled; the exact count eagerly).
+So the KV bytes a step reads grow with the rows' length, not with the cap: at the 8B presets'
+4,096-token cap, a 600-token row reads a 1,024-position window. Each (rows, window) bucket is a
+shape of its own (a graph compiled once per process, and a CUDA graph recorded per phase): at
+most log2(cap / 64) + 1 windows and log2(rows / 8) + 1 row counts, so a few dozen at worst.
+
 What is counted (`compile_counts`, which `marl-llm-bench gpu` reports per rollout): the graphs
 dynamo has compiled in this process, and on CUDA the graphs CUDA-graph trees have recorded (a
 callback of torch's compile-event hooks; None where this torch has none).
@@ -33,13 +44,16 @@ import weakref
 from typing import Any, Callable
 
 import torch
-from transformers.cache_utils import DynamicLayer, StaticCache
+from transformers.cache_utils import DynamicLayer, StaticCache, StaticLayer
 
 from marl_llm.config import UserError
 from marl_llm.models.cache_api import cache_kwargs
 
 CAPACITY_MULTIPLE = 64  # a compiled static cache's length is rounded up to a multiple of this
 ROW_MULTIPLE = 8  # and its rows
+# Distinct (rows, window) shapes a compiled step may take in one process (dynamo's default limit, 8,
+# would fall back to eager without a word past it): windows x row buckets, with room.
+MAX_STEP_SHAPES = 128
 
 # The one static cache kept per model, with its shape: model -> (shape, StaticCache).
 _KEPT: "weakref.WeakKeyDictionary[Any, tuple[tuple, StaticCache]]" = weakref.WeakKeyDictionary()
@@ -62,6 +76,58 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+class LiveStaticLayer(StaticLayer):
+    """A StaticLayer whose step reads only a live view of its buffers: the first `rows` rows and
+    `window` positions (None: all). The buffers keep their full [B, H, capacity, D] shape and
+    address; the view is a slice of them. `rows` and `window` are plain ints: a compiled step
+    specializes on them (one graph per bucket)."""
+
+    rows: int | None = None
+    window: int | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        position = torch.arange(n, device=self.device) + self.cumulative_length
+        self.cumulative_length.add_(n)  # in place: a static address
+        keys, values = self.keys[:self.rows], self.values[:self.rows]
+        keys.index_copy_(2, position, key_states)
+        values.index_copy_(2, position, value_states)
+        return keys[:, :, :self.window], values[:, :, :self.window]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return (self.window or self.max_cache_len), 0
+
+    def reset(self) -> None:
+        super().reset()
+        self.rows = self.window = None
+
+
+def bucket(n: int, multiple: int, most: int | None = None) -> int:
+    """The smallest multiple x 2^k >= n (at most `most`): the shapes a static step takes."""
+    size = multiple
+    while size < n:
+        size *= 2
+    return size if most is None else min(size, most)
+
+
+def set_view(cache: StaticCache, rows: int, window: int) -> None:
+    """Let the next steps read the first `rows` rows and `window` positions of every layer."""
+    for layer in cache.layers:
+        layer.rows, layer.window = rows, window
+
+
+def compact_rows(cache: StaticCache, order: torch.Tensor, written: int) -> None:
+    """Move rows `order` [r] (batch indices) to the front of every layer's buffers, their first
+    `written` positions (the rest is unwritten): row i of the new batch is old row order[i]. One
+    layer's rows are gathered at a time (a temporary of 1/L of the cache)."""
+    r = order.numel()
+    for layer in cache.layers:
+        for buffer in (layer.keys, layer.values):
+            buffer[:r, :, :written] = buffer[order, :, :written]
+
+
 def static_cache(model, cache: Any, capacity: int, keep: bool = False) -> StaticCache:
     """transformers' StaticCache of `capacity` positions holding a prefilled DynamicCache's keys
     and values [B, H, P, D] at positions [0, P). keep: the one kept for this model if it has this
@@ -79,6 +145,7 @@ def static_cache(model, cache: Any, capacity: int, keep: bool = False) -> Static
         static = None  # another shape's cache goes before this one allocates
     if static is None:
         static = StaticCache(config=model.config, max_cache_len=capacity)
+        static.layers = [LiveStaticLayer(max_cache_len=capacity) for _ in static.layers]
     else:
         static.reset()  # zeroes the buffers and the write position, in place
     for fixed, filled in zip(static.layers, layers, strict=True):
@@ -119,7 +186,9 @@ def compiled_step(device: torch.device) -> Callable[..., torch.Tensor]:
     if mode not in _COMPILED_STEPS:
         if device.type == "cuda":
             count_cudagraph_recordings()
-        _COMPILED_STEPS[mode] = torch.compile(model_step, mode=mode)
+        # One graph per (rows, window) shape (dynamic=False: no dynamic-shape graph to guess at).
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MAX_STEP_SHAPES)
+        _COMPILED_STEPS[mode] = torch.compile(model_step, mode=mode, dynamic=False)
     return _COMPILED_STEPS[mode]
 
 
