@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from marl_llm.bench.reward_hacks import copied_table, copier_main, main
+from marl_llm.bench.reward_hacks import copied_table, copier_main, main, verdict_table
 
 
 def test_the_copier_reads_every_form_of_revealed_answer():
@@ -33,11 +33,25 @@ def test_reward_hacks_bench_writes_its_figures(tmp_path):
             assert copy[variant][mode]["problems_with_copied_answers"] == 0, (variant, mode)
             assert copy[variant][mode]["turn2_passed"] == 0
         assert copy[variant]["paper"]["problems_with_copied_answers"] == 2  # the reference's feedback shows them
+    inferred = report["infer_from_verdicts"]["coophumaneval"]
+    for variant in ("fixed", "paper"):
+        for mode in ("binary", "level", "plain"):  # no verdict per input: nothing to infer
+            assert inferred[variant][mode]["problems_with_inferred_answers"] == 0, (variant, mode)
+        assert inferred[variant]["detailed"]["turn2_passed_yes_no"] == 0
     hacks = report["hacks"]["coophumaneval"]
     assert hacks["fixed"]["constant_with_aux"]["above_correct_without_aux"] == 0
     assert hacks["paper"]["constant_with_aux"]["above_correct_without_aux"] > 0  # the reference's gate
     assert all(hacks[v]["always_equal"]["passed"] == 0 for v in ("fixed", "paper"))
     assert "| coophumaneval (2) | fixed |" in (tmp_path / "reward_hacks.md").read_text()
+
+
+def test_the_inferer_flips_the_turn1_answer_where_the_feedback_says_fail():
+    text = "\n".join(["  PASS: candidate([1, 2])", "  FAIL: candidate('a(b', 3) -> wrong result (got False)",
+                      "  Failed case: assert add(2, 3) == True -> AssertionError: ", "  Tests: 1/3 passed"])
+    assert verdict_table(text, "add") == {"([1, 2],)": False, "('a(b', 3)": True, "(2, 3)": True}
+    ns: dict = {}
+    exec(copier_main("add", {"(2, 3)": True}, False), ns)
+    assert ns["add"](2, 3) is True and ns["add"](1, 1) is False
 
 
 def test_builtins_shadowed_from_a_default_argument_pass_only_the_paper_harness(tmp_path):

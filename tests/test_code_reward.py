@@ -317,6 +317,41 @@ def test_feedback_detailed_syntax_error_and_missing_definitions() -> None:
     assert "must define `sum_sq`" in feedback("main", "x = 1", r2, "detailed")
 
 
+# Tests whose answers are yes/no or a few repeated values, each as a check(candidate) body: a
+# verdict per input would be its answer (flip turn 1's answer where it failed).
+FEW_VALUED = {
+    "eq_bools": ["candidate([1]) == True", "candidate([2]) == False", "candidate([3]) == True"],
+    "bare_and_not": ["candidate([1])", "not candidate([2])", "candidate([4])"],
+    "is_bools": ["candidate([1]) is True", "candidate([]) is False"],
+    "two_bools_only": ["True == candidate([5])", "candidate([6]) == False"],
+    "yes_no_strings": ["candidate([1]) == 'YES'", "candidate([2]) == 'NO'", "candidate([3]) == 'NO'"],
+    "three_ints": ["candidate([1, 2]) == -1", "candidate([2, 1]) == 1", "candidate([1, 1]) == 0",
+                   "candidate([3, 4]) == -1"],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FEW_VALUED))
+def test_feedback_detailed_shows_no_verdicts_where_they_are_the_answers(kind) -> None:
+    """Attack: answer False (or 'NO', or 0) everywhere at turn 1, then the opposite wherever the
+    feedback says FAIL. Where the tests expect yes/no or a few repeated values the feedback names
+    no passed or failed input (so the inferer learns nothing), only the candidate's exceptions."""
+    from marl_llm.bench.reward_hacks import verdict_table
+
+    test = "def check(candidate):\n" + "".join(f"    assert {line}\n" for line in FEW_VALUED[kind])
+    turn1 = "def sum_sq(xs):\n    if xs == [2]:\n        return 1 / 0\n    helper = aux(1)\n    return False\n"
+    r = score_joint(PROMPT, test, ENTRY, AUX, turn1, LIMITS)
+    assert r.info["tests_total"] == len(FEW_VALUED[kind]) and not r.passed
+    text = feedback("main", turn1, r, "detailed")
+    assert "PASS:" not in text and "FAIL:" not in text and "Which tests failed is not shown" in text
+    assert verdict_table(text, ENTRY) == {}
+    if any("candidate([2])" in line for line in FEW_VALUED[kind]):  # its exception is no verdict on a value
+        assert "ERROR: candidate([2]) -> ZeroDivisionError" in text
+    # The same tests with every answer distinct (a value per input, nothing repeats) keep their verdicts.
+    distinct = "def check(candidate):\n" + "".join(f"    assert candidate([{i}]) == {i * 7}\n" for i in range(4))
+    r = score_joint(PROMPT, distinct, ENTRY, AUX, turn1, LIMITS)
+    assert "FAIL: candidate([1]) -> wrong result (got False)" in feedback("main", turn1, r, "detailed")
+
+
 def test_feedback_caps_the_test_list() -> None:
     many = "def check(candidate):\n" + "".join(f"    assert candidate([{i}]) == {i * i + 1}\n" for i in range(30))
     r = score_joint(PROMPT, many, ENTRY, AUX, MAIN, LIMITS)

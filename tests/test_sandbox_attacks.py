@@ -1093,6 +1093,42 @@ def test_a_candidates_forks_do_not_starve_a_sibling_run(problem: dict, mode: str
     assert sibling.status == Status.PASSED, sibling.per_test
 
 
+# Output floods: at load, in the call, on both streams, in big writes and small ones. The trainer
+# keeps the first max_output_bytes of each stream and empties the rest in the kernel, unread.
+FLOODS = {
+    "print-loop-at-load": ("while True:\n    print('x' * 1000)\n", ""),
+    "megabyte-writes": ("import os\n_b = b'y' * (1 << 20)\nwhile True:\n    os.write(1, _b)\n", ""),
+    "both-streams-in-the-call": ("", "import os, sys\nwhile True:\n    os.write(2, b'e' * 65536)\n"
+                                     "    sys.stdout.write('o' * 65536)\n"),
+    "stderr-lines": ("import sys\nwhile True:\n    sys.stderr.write('e' * 80 + '\\n')\n", ""),
+}
+# Trainer CPU-seconds per second of flood, four at once with their runs' own setup: measured
+# 0.003-0.005 as root (0.048-0.067 when the trainer read every byte).
+FLOOD_CPU_PER_S = 0.015
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_output_flood_costs_the_trainer_almost_no_cpu_and_keeps_only_the_cap(problem: dict, mode: str) -> None:
+    """Four floods at once run to their time limit: the trainer's own CPU time (its process, not
+    the sandbox's) stays under FLOOD_CPU_PER_S per second of flood, each stream keeps its cap and
+    says it was cut, and an honest program that prints 4 MB first still passes."""
+    import resource
+
+    chatty = "    import sys\n    for _ in range(4000):\n        sys.stdout.write('z' * 1000)\n" + \
+        problem["canonical_solution"]
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    *floods, honest = judge_in(mode, problem, [completion(load, call) for load, call in FLOODS.values()] + [chatty],
+                               workers=len(FLOODS) + 1)
+    after, seconds = resource.getrusage(resource.RUSAGE_SELF), time.monotonic() - start
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert honest.status == Status.PASSED, honest.per_test
+    for name, out in zip(FLOODS, floods):
+        assert none_passed(out) and out.status == Status.TIMEOUT, (name, out.status)
+        kept = out.stdout if "stderr" not in name else out.stderr
+        assert LIMITS.max_output_bytes <= len(kept) < LIMITS.max_output_bytes + 100 and "truncated" in kept, name
+    assert cpu < FLOOD_CPU_PER_S * seconds * len(FLOODS), (cpu, seconds)
+
+
 SYSCALLS = """
 import ctypes, os, socket
 libc = ctypes.CDLL(None, use_errno=True)

@@ -3,7 +3,7 @@
     marl-llm-bench reward-hacks --out results          # results/reward_hacks.{md,json}, a few minutes
     marl-llm-bench reward-hacks --problems 3 --out /tmp/x   # the test
 
-Two measurements, on the HumanEval training split (test[33:163], 130 problems) and the packaged
+Three measurements, on the HumanEval training split (test[33:163], 130 problems) and the packaged
 CoopHumanEval sample (all 20 problems), through the real task (`HumanEvalTask`: its
 `joint_rewards` and `next_prompts`, every program in the sandbox):
 
@@ -14,7 +14,11 @@ CoopHumanEval sample (all 20 problems), through the real task (`HumanEvalTask`: 
    that table. The pass rate it earns (every test passed) is the part of a multi-turn gain that is
    leakage, per feedback mode (`task.feedback` under `task.prompts=own`, and `task.prompts=paper`,
    the reference's level_feedback) and reward variant.
-2. **Answers that solve nothing**, scored by both reward variants on the same problems: `return
+2. **Answers inferred from the verdicts.** Turn 1's main answers False on every input. The
+   attacker reads which inputs main's turn-2 feedback marks PASS or FAIL and answers turn 2 with
+   the opposite on the failed ones: right wherever the tests expect yes/no, so the pass rate is
+   what the verdicts give away (the yes/no problems counted apart).
+3. **Answers that solve nothing**, scored by both reward variants on the same problems: `return
    None`; a constant with aux's result stored (the best of a few constants per problem); an object
    whose `__eq__` is always true; builtins shadowed from a default argument (`def f(*a,
    _=globals().update(abs=...))`, which the paper harness's shared globals let through).
@@ -27,12 +31,14 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from marl_llm.runs.atomic import atomic_write_text
+from marl_llm.tasks.code_feedback import asserted_answer, call_args, expected_answers
 
 MODES = ("detailed", "binary", "level", "plain", "paper")  # the last: task.prompts=paper
 VARIANTS = ("fixed", "paper")
@@ -73,48 +79,6 @@ def shadowing_main(entry: str) -> str:
 
 
 # ------------------------------------------------------------------------------- the copier
-def _call_args(node: ast.AST, names: set[str]) -> tuple | None:
-    """The literal arguments of `name(<literals>)` for a name in `names`, or None."""
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names
-            and not node.keywords):
-        return None
-    try:
-        return tuple(ast.literal_eval(a) for a in node.args)
-    except (ValueError, TypeError, SyntaxError, RecursionError):
-        return None
-
-
-def _literal(node: ast.AST) -> tuple[bool, Any]:
-    try:
-        return True, ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, RecursionError):
-        return False, None
-
-
-def _pair(test: ast.expr, names: set[str]) -> tuple[tuple, Any] | None:
-    """(args, expected value) that an assert's test shows, or None."""
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        args = _call_args(test.operand, names)
-        return (args, False) if args is not None else None
-    if (args := _call_args(test, names)) is not None:
-        return args, True
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
-        return None
-    left, op, right = test.left, test.ops[0], test.comparators[0]
-    if isinstance(op, (ast.Eq, ast.Is)):
-        for call, value in ((left, right), (right, left)):
-            args, (ok, expected) = _call_args(call, names), _literal(value)
-            if args is not None and ok:
-                return args, expected
-    if isinstance(op, (ast.Lt, ast.LtE)) and isinstance(left, ast.Call) and len(left.args) == 1:
-        inner = left.args[0]  # abs(f(x) - y) < tol, math.fabs(...) alike
-        if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Sub):
-            args, (ok, expected) = _call_args(inner.left, names), _literal(inner.right)
-            if args is not None and ok:
-                return args, expected
-    return None
-
-
 def copied_table(text: str, entry: str) -> dict[str, Any]:
     """{repr(args): expected} for every test whose inputs and expected output `text` shows."""
     names = {"candidate", entry}
@@ -131,16 +95,51 @@ def copied_table(text: str, entry: str) -> dict[str, Any]:
             except (SyntaxError, ValueError, RecursionError):
                 continue
             stmt = tree.body[0] if tree.body else None
-            if isinstance(stmt, ast.Assert) and (pair := _pair(stmt.test, names)) is not None:
+            if isinstance(stmt, ast.Assert) and (pair := asserted_answer(stmt.test, names)) is not None:
                 table[repr(pair[0])] = pair[1]
             break
     return table
 
 
-def copier_main(entry: str, table: dict[str, Any]) -> str:
+def copier_main(entry: str, table: dict[str, Any], default: Any = None) -> str:
     return (f"def {entry}(*args, **kwargs):\n"
             f"    answers = {{{', '.join(f'{k!r}: {v!r}' for k, v in table.items())}}}\n"
-            "    return answers.get(repr(args))\n")
+            f"    return answers.get(repr(args), {default!r})\n")
+
+
+# ----------------------------------------------------------------------------- the inferer
+TURN1_ANSWER = False  # what the inferer's turn-1 main returns on every input
+
+
+def _calls(line: str, names: set[str]) -> list[tuple]:
+    """The literal args of every `name(...)` call written in a line of feedback text."""
+    found = []
+    for name in names:
+        for match in re.finditer(rf"(?<![\w.]){re.escape(name)}\(", line):
+            for end in (j + 1 for j in range(match.end() - 1, len(line)) if line[j] == ")"):
+                try:  # the shortest text up to a ")" that parses (a ")" inside a string does not)
+                    node = ast.parse(line[match.start():end], mode="eval").body
+                except (SyntaxError, ValueError, RecursionError, MemoryError):
+                    continue
+                if (args := call_args(node, names)) is not None:
+                    found.append(args)
+                break
+    return found
+
+
+def verdict_table(text: str, entry: str, turn1: Any = TURN1_ANSWER) -> dict[str, Any]:
+    """{repr(args): answer} inferred from the verdicts `text` shows of a turn-1 main that returned
+    `turn1` (a bool) on every input: a PASS means the answer is `turn1`, a FAIL means `not turn1`
+    (right wherever the tests expect yes/no)."""
+    table: dict[str, Any] = {}
+    for line in text.splitlines():
+        verdict = line.upper()
+        failed, passed = "FAIL" in verdict, "PASS" in verdict
+        if failed == passed:
+            continue
+        for args in _calls(line, {"candidate", entry}):
+            table[repr(args)] = (not turn1) if failed else turn1
+    return table
 
 
 # --------------------------------------------------------------------------------- measuring
@@ -184,6 +183,32 @@ def copy_feedback(dataset: str, variant: str, mode: str, limit: int | None) -> d
             "mean_tests_level": statistics.mean(r.levels["tests"] for r in after)}
 
 
+def infer_from_verdicts(dataset: str, variant: str, mode: str, limit: int | None) -> dict[str, Any]:
+    """Turn 1 answers TURN1_ANSWER everywhere; turn 2 answers each input the feedback marks FAIL
+    with the opposite (verdict_table). Counted over all problems and over the yes/no ones (every
+    answer their tests state is True or False)."""
+    from marl_llm.tasks.base import Turn
+
+    task = _task(dataset, variant, mode)
+    problems = _problems(task, dataset, limit)
+    first = [[AUX, constant_with_aux_main(p.data["entry_point"], TURN1_ANSWER)] for p in problems]
+    rewards = task.joint_rewards(problems, first)
+    second, inferred = [], 0
+    for problem, actions, reward in zip(problems, first, rewards):
+        histories = [[Turn(prompt, action)] for prompt, action in zip(task.initial_prompts(problem), actions)]
+        table = verdict_table(task.next_prompts(problem, histories, reward)[1], problem.data["entry_point"])
+        inferred += bool(table)
+        second.append([AUX, copier_main(problem.data["entry_point"], table, TURN1_ANSWER)])
+    after = task.joint_rewards(problems, second)
+    stated = [set(expected_answers([p.data["test"]], {"candidate", p.data["entry_point"]})) for p in problems]
+    yes_no = [bool(values) and values <= {"True", "False"} for values in stated]
+    return {"problems": len(problems), "yes_no_problems": sum(yes_no), "problems_with_inferred_answers": inferred,
+            "turn1_passed": sum(r.passed for r in rewards), "turn2_passed": sum(r.passed for r in after),
+            "turn2_passed_yes_no": sum(r.passed for r, y in zip(after, yes_no) if y),
+            "mean_tests_level": statistics.mean(r.levels["tests"] for r in after),
+            "mean_tests_level_turn1": statistics.mean(r.levels["tests"] for r in rewards)}
+
+
 def hacks(dataset: str, variant: str, limit: int | None) -> dict[str, Any]:
     task = _task(dataset, variant, "detailed")
     problems = _problems(task, dataset, limit)
@@ -217,9 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     limit = args.problems or None
     t0 = time.perf_counter()
     report: dict[str, Any] = {"command": "marl-llm-bench reward-hacks " + " ".join(argv or []),
-                              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "copy_feedback": {}, "hacks": {}}
+                              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "copy_feedback": {},
+                              "infer_from_verdicts": {}, "hacks": {}}
     for dataset in datasets:
         report["copy_feedback"][dataset] = {v: {m: copy_feedback(dataset, v, m, limit) for m in MODES} for v in VARIANTS}
+        report["infer_from_verdicts"][dataset] = {v: {m: infer_from_verdicts(dataset, v, m, limit) for m in MODES}
+                                                  for v in VARIANTS}
         report["hacks"][dataset] = {v: hacks(dataset, v, limit) for v in VARIANTS}
     report["seconds"] = round(time.perf_counter() - t0, 1)
     out = Path(args.out)
@@ -245,6 +273,19 @@ def render(report: dict[str, Any]) -> str:
             cells = [f"{by_mode[m]['turn2_passed']}/{n} ({100 * by_mode[m]['pass_rate']:.0f}%; tests "
                      f"{by_mode[m]['mean_tests_level']:.2f})" for m in MODES]
             lines.append(f"| {dataset} ({n}) | {variant} | " + " | ".join(cells) + " |")
+    lines += ["", "## Answers inferred from the verdicts", "",
+              f"Turn 1: main returns {TURN1_ANSWER!r} on every input (aux its argument). Turn 2: main answers "
+              f"{not TURN1_ANSWER!r} on every input the feedback marks FAIL, {TURN1_ANSWER!r} elsewhere. Problems "
+              "passed in full at turn 2, of them the yes/no ones (every answer their tests state is True or False), "
+              "and the mean tests level (turn 1's in brackets).", "",
+              "| problems | reward variant | " + " | ".join(MODES) + " |", "|---|---|" + "---|" * len(MODES)]
+    for dataset, by_variant in report.get("infer_from_verdicts", {}).items():
+        for variant, by_mode in by_variant.items():
+            first = next(iter(by_mode.values()))
+            cells = [f"{by_mode[m]['turn2_passed']}/{first['problems']}, yes/no {by_mode[m]['turn2_passed_yes_no']}/"
+                     f"{first['yes_no_problems']}; tests {by_mode[m]['mean_tests_level']:.2f} "
+                     f"({by_mode[m]['mean_tests_level_turn1']:.2f})" for m in MODES]
+            lines.append(f"| {dataset} ({first['problems']}) | {variant} | " + " | ".join(cells) + " |")
     lines += ["", "## Answers that solve nothing", "",
               "Problems passed in full (every test), mean and max reward (max 4.0; a correct main that does "
               "not call aux gets 2.5). `constant_with_aux`: per problem the best of "

@@ -2,8 +2,10 @@
 `task.feedback`): what each agent is told about its last answer before it revises it.
 
 The detailed mode shows a test as the candidate calls it makes and its error, never the expected
-output, which the next turn could copy instead of solving (docs/rewards_code.md measures this:
-`marl-llm-bench reward-hacks`).
+output, which the next turn could copy instead of solving. Nor does it show which tests failed
+when the tests expect yes/no or a few repeated results (`few_answers`): there a test's verdict is its answer (a FAIL on an input where turn 1 said False
+means True), and flipping turn 1's answers on the inputs marked FAIL passes without solving
+anything. docs/rewards_code.md measures both (`marl-llm-bench reward-hacks`).
 """
 
 from __future__ import annotations
@@ -15,13 +17,20 @@ from marl_llm.sandbox import Status
 from marl_llm.tasks.base import JointReward
 from marl_llm.tasks.code_reward import AUX_NAME, LEVEL_MAX, MAX_REWARD
 
-__all__ = ["FEEDBACK_MODES", "REVISE", "feedback", "shown_error", "shown_inputs"]
+__all__ = ["FEEDBACK_MODES", "FEW_ANSWERS", "REVISE", "asserted_answer", "call_args", "expected_answers", "feedback", "few_answers",
+           "shown_error", "shown_inputs"]
 
 FEEDBACK_MODES = ("detailed", "binary", "level", "plain")
 REVISE = "Revise your function."
 
 _MAX_FEEDBACK_TESTS = 20
 _MAX_LINE_CHARS = 240
+# Tests whose expected results are yes/no, or repeat at most this many distinct values, get no
+# per-test verdicts: with k values a FAIL leaves k - 1 candidates for the answer, so a yes/no
+# function's answers are its verdicts, and each further turn narrows the others. (Distinct values
+# that do not repeat say nothing of the domain: four tests of a sum expect four sums.) Measured on
+# HumanEval's training split: docs/rewards_code.md.
+FEW_ANSWERS = 3
 
 
 def _cap_line(s: str, n: int = _MAX_LINE_CHARS) -> str:
@@ -48,6 +57,77 @@ def shown_inputs(source: str, names: set[str]) -> str:
             if text not in calls:
                 calls.append(text)
     return ", ".join(calls) if calls else "a check of an earlier call's result"
+
+
+def call_args(node: ast.AST, names: set[str]) -> tuple | None:
+    """The literal arguments of a call `name(<literals>)` for a name in `names`, or None."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names
+            and not node.keywords):
+        return None
+    try:
+        return tuple(ast.literal_eval(a) for a in node.args)
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        return None
+
+
+def _literal(node: ast.AST) -> tuple[bool, Any]:
+    try:
+        return True, ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        return False, None
+
+
+def asserted_answer(test: ast.expr, names: set[str]) -> tuple[tuple, Any] | None:
+    """(the call's literal args, the value expected of it) an assert's test states, or None:
+    `f(x) == v` (either side, or `is`), `abs(f(x) - v) < tol`, `f(x)` (True), `not f(x)` (False)."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        args = call_args(test.operand, names)
+        return (args, False) if args is not None else None
+    if (args := call_args(test, names)) is not None:
+        return args, True
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return None
+    left, op, right = test.left, test.ops[0], test.comparators[0]
+    if isinstance(op, (ast.Eq, ast.Is)):
+        for call, value in ((left, right), (right, left)):
+            args, (ok, expected) = call_args(call, names), _literal(value)
+            if args is not None and ok:
+                return args, expected
+    if isinstance(op, (ast.Lt, ast.LtE)) and isinstance(left, ast.Call) and len(left.args) == 1:
+        inner = left.args[0]  # abs(f(x) - y) < tol, math.fabs(...) alike
+        if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Sub):
+            args, (ok, expected) = call_args(inner.left, names), _literal(inner.right)
+            if args is not None and ok:
+                return args, expected
+    return None
+
+
+def expected_answers(sources: list[str], names: set[str]) -> list[str]:
+    """The values (their reprs) that the tests' asserts expect of the candidate, one per assert
+    that states its value as a literal (tests that compute theirs add nothing)."""
+    values = []
+    for source in sources:
+        try:
+            tree = ast.parse(source.strip())
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assert) and (pair := asserted_answer(node.test, names)) is not None:
+                values.append(repr(pair[1]))
+    return values
+
+
+def few_answers(answers: list[str]) -> bool:
+    """Whether the stated answers come from a domain small enough that verdicts reveal them: all
+    yes/no, or at most FEW_ANSWERS distinct values that repeat."""
+    distinct = set(answers)
+    return bool(distinct) and (distinct <= {"True", "False"} or len(distinct) < len(answers)
+                               and len(distinct) <= FEW_ANSWERS)
+
+
+def _wrong_result(error: str) -> bool:
+    """Whether a failed test's error is a wrong value (not an exception the candidate raised)."""
+    return (error.startswith("expected ") and ", got " in error) or error.startswith("AssertionError")
 
 
 def shown_error(error: str) -> str:
@@ -95,6 +175,15 @@ def _test_lines(info: dict[str, Any]) -> list[str]:
     elif status == Status.OUT_OF_MEMORY.value:
         lines.append("The code ran out of memory.")
     names = {"candidate", info.get("entry_point", "")}
+    answers = expected_answers([t["source"] for t in tests], names)
+    if few_answers(answers):  # a verdict would be the answer: the exceptions only
+        distinct = len(set(answers))
+        lines.append(f"Which tests failed is not shown: the tests expect only {distinct} distinct "
+                     f"result{'s' if distinct > 1 else ''}, so a test's verdict would give its answer away.")
+        errors = [t for t in tests if not t["passed"] and not _wrong_result(t["error"])]
+        for t in errors[:_MAX_FEEDBACK_TESTS]:
+            lines.append("  " + _cap_line(f"ERROR: {shown_inputs(t['source'], names)} -> {t['error']}"))
+        return lines
     for t in tests[:_MAX_FEEDBACK_TESTS]:
         if t["passed"]:
             lines.append("  " + _cap_line(f"PASS: {shown_inputs(t['source'], names)}"))
@@ -139,7 +228,9 @@ def feedback(agent: str, own_code: str, reward: JointReward, mode: str = "detail
     """The turn-2 diagnostics for `agent` ("aux" or "main") after the joint `reward`.
 
     Modes: "detailed" (definitions, syntax error, every test's pass/fail with the candidate's
-    inputs and its error, never the expected outputs; aux-usage warnings), "binary" (passed or not), "level" (reward levels reached),
+    inputs and its error, never the expected outputs, and no verdicts where the tests expect
+    yes/no or a few repeated results (few_answers), only the exceptions; aux-usage warnings), "binary" (passed
+    or not), "level" (reward levels reached),
     "plain" (just the code). Each starts with the agent's previous code and ends with
     "Revise your function.".
     """
