@@ -6,8 +6,9 @@ optimizer states, the step, the RNG states (CUDA: the rank's own GPU's), the res
 local logs had got. It is written to a temporary file in the same directory; then the previous
 checkpoint becomes `checkpoint.prev.pt` and the new one is renamed into place. A kill at any
 moment leaves at least one complete checkpoint. Each checkpoint's SHA-256 is kept beside it
-(`checkpoint.pt.sha256`, runs/digest.py), so a corrupt or partial `checkpoint.pt` (a bad copy,
-changed bytes of the same size, a full disk) is detected on resume, which then falls back to
+(`checkpoint.pt.sha256`, runs/digest.py) and checked before any byte of it is unpickled, so a
+corrupt or partial `checkpoint.pt` (a bad copy, changed bytes of the same size, a full disk), or
+one whose digest is missing or malformed, is refused on resume, which then falls back to
 `checkpoint.prev.pt` and says so. A save that finds the disk full raises ENOSPC (the trainer
 says so in one line). A resume compares its config with the checkpoint's (plain data, as the
 whole checkpoint): settings that change training are refused unless
@@ -23,6 +24,7 @@ import os
 import pickle
 import random
 import re
+import shlex
 import shutil
 import signal
 from pathlib import Path
@@ -134,10 +136,9 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
     """(checkpoint, "") or (None, why it cannot be used)."""
     if not path.is_file():
         return None, "missing"
-    try:
-        changed = digest.verify(path)  # bytes changed since the save (same size included)
-    except OSError as err:
-        return None, f"unreadable ({err.strerror})"
+    # Before anything is unpickled: bytes changed since the save (same size included), or no
+    # usable digest (deleted, emptied, another file's) refuse the file.
+    changed = digest.verify(path)
     if changed:
         return None, changed
     try:
@@ -155,6 +156,20 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
     return (None, f"incomplete (no {', '.join(missing)})") if missing else (ckpt, "")
 
 
+def unverified_fix(run_dir: Path, names: list[str], sharded: bool = False) -> str:
+    """The fix for checkpoints without digests (written by a marl-llm from before it recorded
+    them, or whose digests were removed): record their digests, by hand, if they are trusted."""
+    where = shlex.quote(str(run_dir))
+    if sharded:
+        how = " && ".join(f"(cd {where}/{n} && sha256sum .metadata meta.pt __*.distcp > {digest.SUMS})" for n in names)
+    else:
+        how = " && ".join(f"sha256sum {n} > {n}{digest.SUFFIX}" for n in names)
+        how = f"cd {where} && {how}"
+    return (f"a checkpoint without its digests is never loaded; if you trust {' and '.join(names)} (written by a "
+            f"marl-llm from before digests, and nobody else writes this dir), record them with: {how}; then "
+            "resume again; else start a new run dir")
+
+
 def read_checkpoint(run_dir: Path, main: bool = True) -> dict[str, Any] | None:
     """The run dir's checkpoint, falling back to the previous one when the latest is corrupt (and
     saying so), with its file under "path". None: neither file exists (nothing to resume; the
@@ -169,7 +184,10 @@ def read_checkpoint(run_dir: Path, main: bool = True) -> dict[str, Any] | None:
             if why == "missing" and why_previous == "missing":
                 return None
             raise UserError(f"no usable checkpoint in {run_dir}: {CHECKPOINT} is {why}, {PREVIOUS} is {why_previous}; "
-                            "start a new run dir (leave hydra.run.dir unset, or name a new one)")
+                            + (unverified_fix(run_dir, [n for n, w in ((CHECKPOINT, why), (PREVIOUS, why_previous))
+                                                        if w.startswith("unverified")])
+                               if "unverified" in why + why_previous else
+                               "start a new run dir (leave hydra.run.dir unset, or name a new one)"))
         if main:
             logging.getLogger("marl_llm").warning(f"warning: {path} is {why}; resuming from {PREVIOUS} "
                                                   f"(step {previous['step']})")
