@@ -132,6 +132,21 @@ def save_checkpoint(run_dir: Path, cfg: DictConfig, policies: AgentPolicies, ste
     return path
 
 
+def load_plain(path: Path, what: str = "it") -> tuple[Any, str]:
+    """(what the torch.save file holds, "") or (None, why it cannot be used). Tensors and plain data
+    only: unpickling anything else could run code planted in the file. Older checkpoints hold
+    numpy's RNG state as an array: its reconstruction is allowed too."""
+    try:
+        with torch.serialization.safe_globals(NUMPY_ARRAY_GLOBALS):
+            return torch.load(path, map_location="cpu", weights_only=True), ""
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        return None, (f"not plain data ({what} would run {found.group(1) if found else 'code'} when loaded; marl-llm "
+                      "loads only tensors and plain data)")
+    except Exception as err:  # noqa: BLE001  (a truncated zip, garbage bytes, ...)
+        return None, f"unreadable ({'' if what == 'it' else what + ': '}{type(err).__name__}: {str(err)[:120]})"
+
+
 def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
     """(checkpoint, "") or (None, why it cannot be used)."""
     if not path.is_file():
@@ -141,17 +156,9 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
     changed = digest.verify(path)
     if changed:
         return None, changed
-    try:
-        # Tensors and plain data only: unpickling anything else could run code planted in the file.
-        # Older checkpoints hold numpy's RNG state as an array: its reconstruction is allowed too.
-        with torch.serialization.safe_globals(NUMPY_ARRAY_GLOBALS):
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        found = re.search(r"GLOBAL ([\w.]+)", str(err))
-        return None, (f"not plain data (it would run {found.group(1) if found else 'code'} when loaded; marl-llm loads "
-                      "only tensors and plain data)")
-    except Exception as err:  # noqa: BLE001  (a truncated zip, garbage bytes, ...)
-        return None, f"unreadable ({type(err).__name__}: {str(err)[:120]})"
+    ckpt, why = load_plain(path)
+    if why:
+        return None, why
     missing = [k for k in REQUIRED if not isinstance(ckpt, dict) or k not in ckpt]
     return (None, f"incomplete (no {', '.join(missing)})") if missing else (ckpt, "")
 

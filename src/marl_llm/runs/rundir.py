@@ -437,7 +437,8 @@ def last_checkpoint(progress: Progress) -> tuple[int, str] | None:
 
 def non_finite_line(progress: Progress, broken: dict[str, float]) -> str:
     """Why a run stopped at a non-finite loss or gradient, what it kept, and what to change."""
-    what = ", ".join(f"{k}={v}" for k, v in broken.items())
+    team = {k: v for k, v in broken.items() if "/" not in k}  # the team's, when the agents' are alike
+    what = ", ".join(f"{k}={v}" for k, v in (team or broken).items())
     checkpoint = last_checkpoint(progress)
     kept = (f"its last checkpoint, {checkpoint[1]} (step {checkpoint[0]}), is kept as it was" if checkpoint else
             "it had written no checkpoint yet")

@@ -52,13 +52,17 @@ def _allowed() -> dict[tuple[str, str], Any]:
     return found
 
 
+class _NotAllowed(pickle.UnpicklingError):
+    """A global outside _allowed(), by its dotted name."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         allowed = _allowed().get((module, name))
         if allowed is None and module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             allowed = getattr(torch, name)
         if allowed is None:
-            raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed")
+            raise _NotAllowed(f"{module}.{name}")
         return allowed
 
 
@@ -70,18 +74,21 @@ def read_metadata(path: Path, files: set[str]) -> Metadata:
     """The DCP metadata at `path`, unpickled as above. Raises ValueError (why, in a few words)
     when it holds anything else, or points DCP to a file outside `files` (the checkpoint's
     verified ones) or through a transform (marl-llm never writes one)."""
+    name = Path(path).name
     try:
         with open(path, "rb") as f:
             found = unpickle_metadata(f)
-    except pickle.UnpicklingError as err:
-        raise ValueError(f"not plain data ({err}: it could run code when loaded)") from None
+    except _NotAllowed as err:
+        raise ValueError(f"not plain data ({name} would run {err} when loaded; marl-llm loads only the classes of "
+                         "DCP's metadata, tensors and plain data)") from None
     except Exception as err:  # noqa: BLE001  (truncated or garbage bytes)
-        raise ValueError(f"unreadable ({type(err).__name__}: {str(err)[:120]})") from None
+        raise ValueError(f"unreadable ({name}: {type(err).__name__}: {str(err)[:120]})") from None
     if not isinstance(found, Metadata) or not isinstance(found.storage_data, dict):
-        raise ValueError(f"not DCP metadata (it holds a {type(found).__name__})")
+        raise ValueError(f"unreadable ({name} is no DCP metadata: it holds a {type(found).__name__})")
     for info in found.storage_data.values():
         if getattr(info, "relative_path", None) not in files or getattr(info, "transform_descriptors", None):
-            raise ValueError(f"not a checkpoint of its own files (it reads {getattr(info, 'relative_path', info)!r})")
+            raise ValueError(f"not a checkpoint of its own files ({name} points to "
+                             f"{getattr(info, 'relative_path', info)!r}, no verified file of it)")
     return found
 
 

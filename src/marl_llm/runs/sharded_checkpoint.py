@@ -46,7 +46,8 @@ from marl_llm.distributed import fsdp, placement
 from marl_llm.models.policies import AgentPolicies
 from marl_llm.runs import digest
 from marl_llm.runs.atomic import fsync_dir, fsync_file
-from marl_llm.runs.checkpoint import FAULT_ENV, checkpoint_state, read_checkpoint, restore_checkpoint, unverified_fix
+from marl_llm.runs.checkpoint import FAULT_ENV, checkpoint_state, load_plain, read_checkpoint, restore_checkpoint, \
+    unverified_fix
 
 SHARDED = "checkpoint"
 SHARDED_PREVIOUS = "checkpoint.prev"
@@ -156,11 +157,12 @@ def _check_sharded(directory: Path) -> tuple[dict[str, Any] | None, str]:
     try:
         dcp_metadata = safe_dcp.read_metadata(directory / DCP_METADATA, set(shards))
     except ValueError as err:
-        return None, f"{DCP_METADATA} {err}"
-    try:
-        meta = torch.load(directory / META, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001  (a global other than tensors and plain data, garbage bytes)
-        return None, f"unreadable ({META}: {type(err).__name__}: {str(err).splitlines()[0][:160]})"
+        return None, str(err)
+    meta, why = load_plain(directory / META, META)
+    if meta is None:
+        return None, why
+    if not isinstance(meta, dict) or "step" not in meta:
+        return None, f"incomplete ({META} holds no step)"
     meta["path"] = str(directory)
     meta["dcp_metadata"] = dcp_metadata  # DCP loads with this, never unpickling .metadata itself
     return meta, ""
