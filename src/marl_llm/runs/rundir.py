@@ -121,11 +121,9 @@ def _open_lock_file(run_dir: Path, create: bool) -> int | None:
     fix = f"remove it (rm {shlex.quote(str(path))}; marl-llm makes its own) and run again"
     try:
         fd = os.open(path, flags, 0o644)
-    except FileNotFoundError:
-        if create:
-            raise
-        return None
     except OSError as err:
+        if err.errno == errno.ENOENT and not create:
+            return None
         if err.errno == errno.ELOOP:
             with contextlib.suppress(OSError):
                 fix = f"to {os.readlink(path)}: marl-llm never follows it; {fix}"
@@ -134,7 +132,8 @@ def _open_lock_file(run_dir: Path, create: bool) -> int | None:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
         os.close(fd)
-        what = "a hard link: another file has the same contents" if stat.S_ISREG(st.st_mode) else "no plain file"
+        what = (f"a hard link (one of {st.st_nlink} names of a file)" if stat.S_ISREG(st.st_mode) else
+                "no plain file")
         raise _Refused(f"{path} is {what}, never marl-llm's lock file: {fix}")
     return fd
 
@@ -212,12 +211,14 @@ def claim(run_dir: Path, resume: bool, sweep_dir: Path | None = None) -> str | N
         return why
     made_marker = False
     if resume:
-        try:  # its marker, never following a link planted in its place
+        try:  # its marker, never following a link planted in its place (nothing is written to it)
             os.close(os.open(run_dir / RUN_MARKER, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644))
         except OSError as err:
             if lock is not None:
                 lock.close()
-            return f"{run_dir / RUN_MARKER} cannot be marl-llm's run marker ({err.strerror}): remove it and run again"
+            what = "is a symbolic link: marl-llm never follows it" if err.errno == errno.ELOOP else \
+                f"cannot be marl-llm's run marker ({err.strerror})"
+            return f"{run_dir / RUN_MARKER} {what}; remove it and run again"
     else:
         files = held(run_dir)
         if not files:
