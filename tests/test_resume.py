@@ -295,7 +295,8 @@ def test_a_planted_pickle_in_a_checkpoint_never_runs(tiny_model_dir, tmp_path, c
 
 def test_checkpoints_with_numpys_own_rng_state_still_resume(tiny_model_dir, tmp_path):
     """Checkpoints written before the RNG state became plain data hold numpy's tuple (an array):
-    they resume exactly as before."""
+    they resume exactly as before, once their digests are recorded as the refusal says (they had
+    none; a checkpoint without digests is never loaded)."""
     import numpy as np
 
     straight = tmp_path / "straight"
@@ -306,7 +307,12 @@ def test_checkpoints_with_numpys_own_rng_state_still_resume(tiny_model_dir, tmp_
     n = state["rng"]["numpy"]
     state["rng"]["numpy"] = (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
     torch.save(state, run / "checkpoint.pt")
-    digest.sidecar(run / "checkpoint.pt").unlink()  # such checkpoints had no checksum either: they still load
+    for name in ("checkpoint.pt", "checkpoint.prev.pt"):  # such checkpoints had no checksum either
+        digest.sidecar(run / name).unlink()
+    with pytest.raises(UserError, match="checkpoint.pt is unverified .*record them with: ") as refused:
+        train(compose_config(overrides(tiny_model_dir, run, 3, "trainer.resume=true")))
+    fix = str(refused.value).split("record them with: ", 1)[1].split("; then resume again")[0]
+    subprocess.run(fix, shell=True, check=True)  # the command the line names, as a user would paste it
     train(compose_config(overrides(tiny_model_dir, run, 3, "trainer.resume=true")))
     assert steady(metrics(run)) == steady(metrics(straight))
     assert same_adapters(adapters(run), adapters(straight))

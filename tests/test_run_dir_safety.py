@@ -87,8 +87,8 @@ def test_checksum_files_move_with_their_file(tmp_path):
     c = tmp_path / "legacy.pt"
     c.write_bytes(b"no checksum")
     digest.write_digest(b, "0" * 64)
-    digest.move(c, b)  # a file without a checksum drops the destination's old one
-    assert not digest.sidecar(b).exists() and digest.verify(b) is None
+    digest.move(c, b)  # a file without a checksum drops the destination's old one: it is refused, unverified
+    assert not digest.sidecar(b).exists() and digest.verify(b).startswith("unverified (no checkpoint.prev.pt.sha256")
     digest.write_digest(b, "1" * 64)
     assert digest.verify(b).startswith("corrupt (its SHA-256 is ")
 

@@ -6,8 +6,9 @@ optimizer states, the step, the RNG states (CUDA: the rank's own GPU's), the res
 local logs had got. It is written to a temporary file in the same directory; then the previous
 checkpoint becomes `checkpoint.prev.pt` and the new one is renamed into place. A kill at any
 moment leaves at least one complete checkpoint. Each checkpoint's SHA-256 is kept beside it
-(`checkpoint.pt.sha256`, runs/digest.py), so a corrupt or partial `checkpoint.pt` (a bad copy,
-changed bytes of the same size, a full disk) is detected on resume, which then falls back to
+(`checkpoint.pt.sha256`, runs/digest.py) and checked before any byte of it is unpickled, so a
+corrupt or partial `checkpoint.pt` (a bad copy, changed bytes of the same size, a full disk), or
+one whose digest is missing or malformed, is refused on resume, which then falls back to
 `checkpoint.prev.pt` and says so. A save that finds the disk full raises ENOSPC (the trainer
 says so in one line). A resume compares its config with the checkpoint's (plain data, as the
 whole checkpoint): settings that change training are refused unless
@@ -23,6 +24,7 @@ import os
 import pickle
 import random
 import re
+import shlex
 import shutil
 import signal
 from pathlib import Path
@@ -130,29 +132,49 @@ def save_checkpoint(run_dir: Path, cfg: DictConfig, policies: AgentPolicies, ste
     return path
 
 
+def load_plain(path: Path, what: str = "it") -> tuple[Any, str]:
+    """(what the torch.save file holds, "") or (None, why it cannot be used). Tensors and plain data
+    only: unpickling anything else could run code planted in the file. Older checkpoints hold
+    numpy's RNG state as an array: its reconstruction is allowed too."""
+    try:
+        with torch.serialization.safe_globals(NUMPY_ARRAY_GLOBALS):
+            return torch.load(path, map_location="cpu", weights_only=True), ""
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        return None, (f"not plain data ({what} would run {found.group(1) if found else 'code'} when loaded; marl-llm "
+                      "loads only tensors and plain data)")
+    except Exception as err:  # noqa: BLE001  (a truncated zip, garbage bytes, ...)
+        return None, f"unreadable ({'' if what == 'it' else what + ': '}{type(err).__name__}: {str(err)[:120]})"
+
+
 def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
     """(checkpoint, "") or (None, why it cannot be used)."""
     if not path.is_file():
         return None, "missing"
-    try:
-        changed = digest.verify(path)  # bytes changed since the save (same size included)
-    except OSError as err:
-        return None, f"unreadable ({err.strerror})"
+    # Before anything is unpickled: bytes changed since the save (same size included), or no
+    # usable digest (deleted, emptied, another file's) refuse the file.
+    changed = digest.verify(path)
     if changed:
         return None, changed
-    try:
-        # Tensors and plain data only: unpickling anything else could run code planted in the file.
-        # Older checkpoints hold numpy's RNG state as an array: its reconstruction is allowed too.
-        with torch.serialization.safe_globals(NUMPY_ARRAY_GLOBALS):
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        found = re.search(r"GLOBAL ([\w.]+)", str(err))
-        return None, (f"not plain data (it would run {found.group(1) if found else 'code'} when loaded; marl-llm loads "
-                      "only tensors and plain data)")
-    except Exception as err:  # noqa: BLE001  (a truncated zip, garbage bytes, ...)
-        return None, f"unreadable ({type(err).__name__}: {str(err)[:120]})"
+    ckpt, why = load_plain(path)
+    if why:
+        return None, why
     missing = [k for k in REQUIRED if not isinstance(ckpt, dict) or k not in ckpt]
     return (None, f"incomplete (no {', '.join(missing)})") if missing else (ckpt, "")
+
+
+def unverified_fix(run_dir: Path, names: list[str], sharded: bool = False) -> str:
+    """The fix for checkpoints without digests (written by a marl-llm from before it recorded
+    them, or whose digests were removed): record their digests, by hand, if they are trusted."""
+    where = shlex.quote(str(run_dir))
+    if sharded:
+        how = " && ".join(f"(cd {where}/{n} && sha256sum .metadata meta.pt __*.distcp > {digest.SUMS})" for n in names)
+    else:
+        how = " && ".join(f"sha256sum {n} > {n}{digest.SUFFIX}" for n in names)
+        how = f"cd {where} && {how}"
+    return (f"a checkpoint without its digests is never loaded; if you trust {' and '.join(names)} (written by a "
+            f"marl-llm from before digests, and nobody else writes this dir), record them with: {how}; then "
+            "resume again; else start a new run dir")
 
 
 def read_checkpoint(run_dir: Path, main: bool = True) -> dict[str, Any] | None:
@@ -169,7 +191,10 @@ def read_checkpoint(run_dir: Path, main: bool = True) -> dict[str, Any] | None:
             if why == "missing" and why_previous == "missing":
                 return None
             raise UserError(f"no usable checkpoint in {run_dir}: {CHECKPOINT} is {why}, {PREVIOUS} is {why_previous}; "
-                            "start a new run dir (leave hydra.run.dir unset, or name a new one)")
+                            + (unverified_fix(run_dir, [n for n, w in ((CHECKPOINT, why), (PREVIOUS, why_previous))
+                                                        if w.startswith("unverified")])
+                               if "unverified" in why + why_previous else
+                               "start a new run dir (leave hydra.run.dir unset, or name a new one)"))
         if main:
             logging.getLogger("marl_llm").warning(f"warning: {path} is {why}; resuming from {PREVIOUS} "
                                                   f"(step {previous['step']})")

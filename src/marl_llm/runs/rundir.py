@@ -1,9 +1,14 @@
 """A run dir belongs to one run: a fresh run claims it, and never starts in a dir that holds another.
 
-While a run lives it holds an exclusive `flock` on `<run_dir>/.marl-llm-lock` (the kernel drops it
-when the process dies, however it dies), so a second writer (two resumes at once, a resume while
-the run goes on) is refused in one line. A run refused before it started (a bad data file, model
-path or LoRA target) gives its claim back, so the corrected command runs in the same dir.
+While a run lives it holds an exclusive `flock` on an open descriptor of the run dir itself (the
+kernel drops it when the process dies, however it dies), so a second writer (two resumes at once,
+a resume while the run goes on) is refused in one line. The lock is the directory's, not a file's
+existence: deleting or replacing `<run_dir>/.marl-llm-lock` (which says who holds the dir, and is
+flocked too, as older marl-llm versions lock it) lets no second writer in. That file is opened
+without following a link and used only when it is a plain file of its own, so a link or hard link
+planted there (to any file the user can write) is refused, never truncated. A run refused before
+it started (a bad data file, model path or LoRA target) gives its claim back, so the corrected
+command runs in the same dir.
 
 Light on purpose (no torch): the CLI checks a dir named on its command line before Hydra writes its
 own files (.hydra/, the job log) into it.
@@ -16,12 +21,14 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import re
 import shlex
 import shutil
 import signal
 import socket
+import stat
 import sys
 import threading
 from dataclasses import dataclass
@@ -68,39 +75,124 @@ def refusal(run_dir: Path, files: list[str], sweep_dir: Path | None = None) -> s
            "(leave hydra.run.dir unset, or name a new one)"
 
 
-# The run dirs this process holds: {resolved dir: (lock fd, whether its claim made the marker)}.
-_CLAIMS: dict[str, tuple[int, bool]] = {}
+@dataclass
+class _Lock:
+    """The descriptors whose flocks hold a run dir: the dir's own (None where the file system cannot
+    lock a directory) and its lock file's (which also says who holds it)."""
+
+    dir_fd: int | None
+    file_fd: int
+
+    def close(self) -> None:
+        for fd in (self.file_fd, self.dir_fd):
+            if fd is not None:
+                os.close(fd)  # its lock goes with it
 
 
-def _lock(run_dir: Path) -> tuple[int | None, str | None]:
-    """(fd holding the run dir's lock, None), or (None, why not). A file system without locks
-    (some network mounts) is run on unlocked, with a warning."""
-    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by exec'd children
+# The run dirs this process holds: {resolved dir: (its lock, whether its claim made the marker)}.
+_CLAIMS: dict[str, tuple[_Lock | None, bool]] = {}
+# flock's errors where a file system has no locks (some network mounts), or none on directories (NFS: EBADF).
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF)
+
+
+class _Refused(Exception):
+    """Why a run dir cannot be locked (one line)."""
+
+
+def _flock(fd: int) -> bool | None:
+    """Take fd's exclusive lock: True, False (another process holds it) or None (not supported here)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
-        os.close(fd)
-        return None, (f"{run_dir} is in use: a marl-llm run ({holder}) is writing to it now; a second writer would "
-                      "mix its logs and checkpoints into that run's. Wait for that run to end (or stop it), then run "
-                      "this command again, or start this one in a new dir (leave hydra.run.dir unset)")
+        return False
     except OSError as err:
-        if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        if err.errno not in _NO_LOCKS:
             raise
+        return None
+    return True
+
+
+def _open_lock_file(run_dir: Path, create: bool) -> int | None:
+    """The lock file's descriptor (None: there is none and `create` is false). Opened without
+    following a link and kept only when it is a plain file with no other name: a symbolic or hard
+    link planted there would have the run truncate (and write into) whatever it points to."""
+    path = run_dir / LOCK
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    fix = f"remove it (rm {shlex.quote(str(path))}; marl-llm makes its own) and run again"
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        if err.errno == errno.ENOENT and not create:
+            return None
+        if err.errno == errno.ELOOP:
+            with contextlib.suppress(OSError):
+                fix = f"to {os.readlink(path)}: marl-llm never follows it; {fix}"
+            raise _Refused(f"{path} is a symbolic link ({fix})") from None
+        raise _Refused(f"{path} cannot be opened as marl-llm's lock file ({err.strerror}): {fix}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
         os.close(fd)
-        log.warning(f"warning: {run_dir} cannot be locked ({err.strerror}): nothing stops a second run from "
-                    "writing into it while this one runs")
+        what = (f"a hard link (one of {st.st_nlink} names of a file)" if stat.S_ISREG(st.st_mode) else
+                "no plain file")
+        raise _Refused(f"{path} is {what}, never marl-llm's lock file: {fix}")
+    return fd
+
+
+def _busy(run_dir: Path) -> str:
+    holder = "another process"
+    with contextlib.suppress(OSError, _Refused):
+        fd = _open_lock_file(run_dir, create=False)
+        if fd is not None:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or holder
+            os.close(fd)
+    return (f"{run_dir} is in use: a marl-llm run ({holder}) is writing to it now; a second writer would mix its "
+            "logs and checkpoints into that run's. Wait for that run to end (or stop it), then run this command "
+            "again, or start this one in a new dir (leave hydra.run.dir unset)")
+
+
+def _lock(run_dir: Path, create: bool = True) -> tuple[_Lock | None, str | None]:
+    """(the run dir's lock, None), or (None, why not). A file system without locks (some network
+    mounts) is run on unlocked, with a warning: (None, None). create=False (a probe): a dir
+    without a lock file is locked by its directory alone, and nothing is written."""
+    dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # not inherited by exec'd children
+    dir_locked = _flock(dir_fd)
+    if not dir_locked:
+        os.close(dir_fd)
+        if dir_locked is False:
+            return None, _busy(run_dir)
+        dir_fd = None
+    try:
+        file_fd = _open_lock_file(run_dir, create)
+    except _Refused as why:
+        if dir_fd is not None:
+            os.close(dir_fd)
+        return None, str(why)
+    lock = _Lock(dir_fd, file_fd) if file_fd is not None else None
+    file_locked = _flock(file_fd) if file_fd is not None else None
+    if file_locked is False:  # a marl-llm from before directory locks holds it
+        if lock is not None:
+            lock.close()
+        return None, _busy(run_dir)
+    if dir_locked is None and file_locked is None:
+        if lock is not None:
+            lock.close()
+        if create:
+            log.warning(f"warning: {run_dir} cannot be locked: nothing stops a second run from writing into it while "
+                        "this one runs")
         return None, None
-    return fd, None
+    if lock is None:  # a probe of a dir without a lock file: its directory lock alone
+        os.close(dir_fd)
+    return lock, None
 
 
 def in_use(run_dir: Path) -> str | None:
-    """Why run_dir is taken by a live run right now (its lock is held), or None. Takes nothing."""
-    if not (run_dir / LOCK).exists():
+    """Why run_dir is taken by a live run right now (its lock is held, or its lock file is a link),
+    or None. Takes nothing, writes nothing."""
+    if not run_dir.is_dir():
         return None
-    fd, why = _lock(run_dir)
-    if fd is not None:
-        os.close(fd)
+    lock, why = _lock(run_dir, create=False)
+    if lock is not None:
+        lock.close()
     return why
 
 
@@ -114,12 +206,19 @@ def claim(run_dir: Path, resume: bool, sweep_dir: Path | None = None) -> str | N
     key = str(run_dir.resolve())
     if key in _CLAIMS:
         return f"{run_dir} is in use by another run of this process"
-    fd, why = _lock(run_dir)
+    lock, why = _lock(run_dir)
     if why:
         return why
     made_marker = False
     if resume:
-        (run_dir / RUN_MARKER).touch()
+        try:  # its marker, never following a link planted in its place (nothing is written to it)
+            os.close(os.open(run_dir / RUN_MARKER, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644))
+        except OSError as err:
+            if lock is not None:
+                lock.close()
+            what = "is a symbolic link: marl-llm never follows it" if err.errno == errno.ELOOP else \
+                f"cannot be marl-llm's run marker ({err.strerror})"
+            return f"{run_dir / RUN_MARKER} {what}; remove it and run again"
     else:
         files = held(run_dir)
         if not files:
@@ -129,13 +228,13 @@ def claim(run_dir: Path, resume: bool, sweep_dir: Path | None = None) -> str | N
             except FileExistsError:
                 files = [RUN_MARKER]
         if files:
-            if fd is not None:
-                os.close(fd)
+            if lock is not None:
+                lock.close()
             return refusal(run_dir, files, sweep_dir)
-    if fd is not None:  # who holds it, for the refusal of a second writer
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-    _CLAIMS[key] = (fd if fd is not None else -1, made_marker)
+    if lock is not None:  # who holds it, for the refusal of a second writer (a plain file of its own: _open_lock_file)
+        os.ftruncate(lock.file_fd, 0)
+        os.pwrite(lock.file_fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    _CLAIMS[key] = (lock, made_marker)
     remove_leftovers(run_dir)
     return None
 
@@ -144,12 +243,12 @@ def release(run_dir: Path, started: bool) -> None:
     """Give run_dir back (its lock). A fresh run that never started (refused while it was being
     built, or stopped before its first step) also takes back its marker and config.yaml, so the
     same command, corrected, can start there."""
-    fd, made_marker = _CLAIMS.pop(str(run_dir.resolve()), (-1, False))
+    lock, made_marker = _CLAIMS.pop(str(run_dir.resolve()), (None, False))
     if made_marker and not started:
         for name in (RUN_MARKER, "config.yaml"):
             (run_dir / name).unlink(missing_ok=True)
-    if fd >= 0:
-        os.close(fd)  # the lock goes with it
+    if lock is not None:
+        lock.close()
 
 
 def remove_leftovers(run_dir: Path) -> None:
@@ -321,16 +420,41 @@ def disk_full_line(err: OSError, progress: Progress) -> str | None:
             f"{resume_command(run_dir, 'true')}")
 
 
+def non_finite(metrics: dict[str, float]) -> dict[str, float]:
+    """The step's losses and gradient norms that are not finite numbers (NaN, inf)."""
+    return {k: v for k, v in metrics.items() if (k.rsplit("/", 1)[-1] == "grad_norm" or k.endswith("loss"))
+            and isinstance(v, (int, float)) and not math.isfinite(v)}
+
+
+def last_checkpoint(progress: Progress) -> tuple[int, str] | None:
+    """(step, file) of the run's last checkpoint that still exists: one that a save in progress
+    moved aside is checkpoint.prev.pt now."""
+    checkpoint = progress.checkpoint
+    if checkpoint is not None and not Path(checkpoint[1]).exists():
+        run_dir = progress.run_dir.resolve()
+        checkpoint = (checkpoint[0], str(run_dir / PREVIOUS)) if (run_dir / PREVIOUS).exists() else None
+    return checkpoint
+
+
+def non_finite_line(progress: Progress, broken: dict[str, float]) -> str:
+    """Why a run stopped at a non-finite loss or gradient, what it kept, and what to change."""
+    team = {k: v for k, v in broken.items() if "/" not in k}  # the team's, when the agents' are alike
+    what = ", ".join(f"{k}={v}" for k, v in (team or broken).items())
+    checkpoint = last_checkpoint(progress)
+    kept = (f"its last checkpoint, {checkpoint[1]} (step {checkpoint[0]}), is kept as it was" if checkpoint else
+            "it had written no checkpoint yet")
+    return (f"step {progress.step}/{progress.max_steps}: {what}: the run stopped before a save or export could keep "
+            f"non-finite weights; {kept}. Usual causes: too high an algo.learning_rate, no algo.max_grad_norm, rewards "
+            "of extreme size; change the setting and start a new run dir")
+
+
 def interrupted_line(progress: Progress) -> str:
     """Where a Ctrl-C'd run stopped and the command that goes on from there."""
     if progress.run_dir is None or not progress.started:
         return NOT_STARTED
     run_dir = progress.run_dir.resolve()
     reached = f"interrupted at step {progress.step}/{progress.max_steps}"
-    checkpoint = progress.checkpoint
-    if checkpoint is not None and not Path(checkpoint[1]).exists():
-        # Stopped between the renames of a save: the file it names went on to checkpoint.prev.pt.
-        checkpoint = (checkpoint[0], str(run_dir / PREVIOUS)) if (run_dir / PREVIOUS).exists() else None
+    checkpoint = last_checkpoint(progress)  # stopped between the renames of a save: checkpoint.prev.pt
     if checkpoint is None:  # trainer.resume=true would refuse: nothing to continue from
         return (f"{reached}, no checkpoint yet; start it over in its dir (its logs are kept aside) with: "
                 f"{resume_command(run_dir, 'if_possible')}")

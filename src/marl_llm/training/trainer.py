@@ -306,6 +306,11 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
             step_times.append(metrics["step_time"])
             last_train = metrics
             say(step_line(step + 1, max_steps, metrics, task.agent_names, watch.tokens_per_s(), watch.eta_s()))
+            # A NaN or inf loss or gradient has (or will have) reached the weights: stop before any
+            # save or export could keep them. Every rank holds the same reduced metrics, so all stop.
+            broken = rundir.non_finite(metrics)
+            if broken:
+                raise UserError(rundir.non_finite_line(progress, broken))
 
             if not paper_eval and tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < max_steps:
                 run_eval(step + 1)
