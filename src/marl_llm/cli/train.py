@@ -19,8 +19,9 @@ from omegaconf import DictConfig
 
 from marl_llm.config import TrainerConfig, UserError
 from marl_llm.config_keys import walk_key
-from marl_llm.configure import (add_overrides, config_dir, default_dir_pattern, default_run_dir, map_overrides,
-                               option_schemas, plugin_overrides, plugins_from_overrides, register_configs, validate)
+from marl_llm.configure import (add_overrides, config_dir, default_dir_pattern, default_run_dir, group_choice_error,
+                               map_overrides, option_schemas, plugin_overrides, plugins_from_overrides,
+                               register_configs, validate)
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
@@ -183,6 +184,61 @@ def lookalike_error(args: list[str]) -> str | None:
     return None
 
 
+def grammar_error(args: list[str]) -> str | None:
+    """An override Hydra's grammar cannot read (`task.data.train_split=train[:5000]`: brackets and
+    colons), as one line with Hydra's reason and, where quoting the value makes it readable, the
+    argument quoted for Hydra inside the shell's quotes; Hydra's own error is three lines and names
+    neither the argument nor the quoting."""
+    from marl_llm.configure import _is_override
+
+    for i, a in enumerate(args):
+        if not _is_override(args, i) or _hydra_reads(a):
+            continue
+        reason = _hydra_reason(a)
+        key, eq, value = a.partition("=")
+        if eq:
+            inner = '"' if '"' not in value else "'"
+            quoted = f"{key}={inner}{value}{inner}"
+            if "'" not in quoted and _hydra_reads(quoted):
+                return (f"Hydra cannot read {a!r} ({reason}): brackets, colons, spaces and the like need Hydra's "
+                        f"quotes around the value, inside the shell's: '{quoted}'")
+        return (f"Hydra cannot read {a!r} ({reason}): write key=value, quoting a value with brackets, colons or "
+                "spaces for Hydra inside the shell's quotes ('key=\"value\"'); the override grammar: "
+                "https://hydra.cc/docs/advanced/override_grammar/basic/")
+    return None
+
+
+def _hydra_reason(override: str) -> str:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        OverridesParser.create().parse_override(override)
+    except Exception as err:  # noqa: BLE001  (any parse error)
+        return (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return ""
+
+
+# Hydra's commands: it runs one per call and raises a ValueError (a traceback) for two.
+COMMAND_FLAGS = {"-r": "--run", "--run": "--run", "-m": "--multirun", "--multirun": "--multirun", "-c": "--cfg",
+                 "--cfg": "--cfg", "-i": "--info", "--info": "--info", "-sc": "--shell-completion",
+                 "--shell-completion": "--shell-completion"}
+
+
+def exclusive_flags_error(args: list[str]) -> str | None:
+    """`marl-llm -m ... --cfg hydra`: Hydra takes one of --run, --multirun, --cfg, --info and
+    --shell-completion, and answers two with a traceback. Say which, and what prints a sweep's config."""
+    given = []
+    for a in args:
+        flag = COMMAND_FLAGS.get(a.split("=", 1)[0]) if a.startswith("-") else None
+        if flag and flag not in given:
+            given.append(flag)
+    if len(given) < 2:
+        return None
+    fix = (" (a sweep's jobs share one config but for the swept keys: to see one job's, drop -m and give one value "
+           "per key, e.g. marl-llm --cfg job seed=0)") if "--multirun" in given and "--cfg" in given else ""
+    return f"{' and '.join(given)} cannot be combined: Hydra runs one of them per command; keep one{fix}"
+
+
 def _hydra_reads(override: str) -> bool:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -303,17 +359,20 @@ def main() -> None:
 
 
 def _main() -> None:
-    err, searchpath = lookalike_error(sys.argv[1:]), []
+    err, searchpath = lookalike_error(sys.argv[1:]) or grammar_error(sys.argv[1:]) or exclusive_flags_error(sys.argv[1:]), []
     if err is None:
         try:  # the algorithms, tasks and plugins register their schemas before the overrides are read
             searchpath = register_configs(plugins_from_overrides(sys.argv[1:]))
         except UserError as e:
             err = str(e)
-    err = err or repeated_key_error(sys.argv[1:]) or unknown_key_error(sys.argv[1:])
+    err = err or repeated_key_error(sys.argv[1:])
+    if err is None:
+        sys.argv[1:] = plugin_overrides(sys.argv[1:], searchpath)
+        err = group_choice_error(sys.argv[1:]) or unknown_key_error(sys.argv[1:])
     if err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    sys.argv[1:] = map_overrides(plugin_overrides(sys.argv[1:], searchpath))
+    sys.argv[1:] = map_overrides(sys.argv[1:])
     try:
         run_dir_check(sys.argv[1:])
         named_dir_check(sys.argv[1:])  # every rank, before rank_overrides' first collective
