@@ -28,21 +28,26 @@ from marl_llm.configure import (add_overrides, config_dir, default_dir_pattern, 
 def _hydra_main(cfg: DictConfig) -> float:
     from marl_llm.runs.rundir import NOT_STARTED, Interrupted
 
+    from marl_llm.cli.new_run_dir import take_back
+
     try:
         validate(cfg)  # before any model loads: bad values fail in seconds
         from marl_llm.training.trainer import train
 
         return train(cfg)
     except UserError as err:
+        take_back()  # the run dir this command made, if the run never started in it
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except Interrupted as stop:  # Ctrl-C: one line (where it stopped, how to go on), the shell's 128 + SIGINT
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run is over: another Ctrl-C must not cut this line
+        take_back()
         if stop.main:
             print(stop, file=sys.stderr, flush=True)
         sys.exit(130)
     except KeyboardInterrupt:  # before the run claimed its dir: nothing there to continue
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        take_back()
         print(NOT_STARTED, file=sys.stderr, flush=True)
         sys.exit(130)
 
@@ -344,6 +349,21 @@ def run_dir_check(args: list[str]) -> None:
                     f"{key}=<dir you can write>, or run marl-llm from a directory you can write")
 
 
+PRINT_ONLY = ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c", "--shell-completion", "-sc")
+
+
+def take_back_overrides(args: list[str]) -> list[str]:
+    """The Hydra callback that notes which dirs of a single run's dir are new (cli/new_run_dir.py),
+    so that a command refused before its run started removes what it made. Not for a sweep, nor
+    under a launcher (their dirs are shared), nor for what only prints."""
+    if any(a in ("-m", "--multirun") or a.split("=", 1)[0] in PRINT_ONLY for a in args):
+        return []
+    from marl_llm.cli.new_run_dir import OVERRIDE
+    from marl_llm.distributed.world import launched_world_size
+
+    return [] if launched_world_size() > 1 else [OVERRIDE]
+
+
 def main() -> None:
     import logging
 
@@ -380,6 +400,7 @@ def _main() -> None:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    sys.argv[1:] = add_overrides(sys.argv[1:], take_back_overrides(sys.argv[1:]))
     if any(a in ("-m", "--multirun") for a in sys.argv[1:]):
         from marl_llm.cli.submitit_logs import quiet_submitit
 
