@@ -54,22 +54,27 @@ class RecordNewRunDir(Callback):
             _MADE.append(p)
 
 
-def take_back() -> None:
+def take_back(output_dir: str | None = None) -> None:
     """Remove the run dir this command made, and the parents it made, when it holds only what
-    the command wrote before its run started (module docstring). Never raises."""
+    the command wrote before its run started (module docstring). `output_dir`: the job's dir
+    (default: Hydra's, hydra.runtime.output_dir); nothing is removed unless it is the dir noted.
+    Never raises."""
     if not _MADE:
         return
     with contextlib.suppress(Exception):
-        _take_back(_MADE[0])
+        if output_dir is None:
+            from hydra.core.hydra_config import HydraConfig
+
+            output_dir = HydraConfig.get().runtime.output_dir
+        if Path(os.path.abspath(output_dir)) == _MADE[0]:
+            _take_back(_MADE[0])
     _MADE.clear()
 
 
 def _take_back(run_dir: Path) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
     from marl_llm.runs.rundir import LOCK
 
-    if Path(os.path.abspath(HydraConfig.get().runtime.output_dir)) != run_dir or run_dir.is_symlink():
+    if run_dir.is_symlink() or not run_dir.is_dir():
         return
     hydra_dir = run_dir / ".hydra"
     ours = {".hydra", JOB_LOG, LOCK}

@@ -349,7 +349,7 @@ def run_dir_check(args: list[str]) -> None:
                     f"{key}=<dir you can write>, or run marl-llm from a directory you can write")
 
 
-PRINT_ONLY = ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c", "--shell-completion", "-sc")
+PRINT_ONLY = ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc")
 
 
 def take_back_overrides(args: list[str]) -> list[str]:
