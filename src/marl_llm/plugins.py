@@ -107,12 +107,12 @@ def _installed_entry_points() -> list[importlib.metadata.EntryPoint]:
         for dist in importlib.metadata.distributions(path=here[:1]):
             skipped = list(dist.entry_points.select(group=ENTRY_POINT_GROUP))
             if skipped:
-                where = getattr(dist, "_path", None)
+                where = getattr(dist, "_path", None)  # the .dist-info dir (importlib.metadata's PathDistribution)
+                where = os.path.abspath(where) if where else os.getcwd()
                 print(f"warning: not loading the {ENTRY_POINT_GROUP} entry point(s) "
                       f"{', '.join(f'{ep.name} = {ep.value}' for ep in skipped)} that {_dist_name(dist)} declares in "
-                      f"the current directory ({where or os.getcwd()}): plugins load from installed packages only; "
-                      f"install it (pip install), or name its module: plugins=[{skipped[0].module}]",
-                      file=sys.stderr, flush=True)
+                      f"the current directory ({where}): plugins load from installed packages only; install it "
+                      f"(pip install), or name its module: plugins=[{skipped[0].module}]", file=sys.stderr, flush=True)
     return found
 
 

@@ -379,7 +379,8 @@ def main() -> None:
 
 
 def _main() -> None:
-    err, searchpath = lookalike_error(sys.argv[1:]) or grammar_error(sys.argv[1:]) or exclusive_flags_error(sys.argv[1:]), []
+    args = sys.argv[1:]
+    err, searchpath = lookalike_error(args) or grammar_error(args) or exclusive_flags_error(args), []
     if err is None:
         try:  # the algorithms, tasks and plugins register their schemas before the overrides are read
             searchpath = register_configs(plugins_from_overrides(sys.argv[1:]))

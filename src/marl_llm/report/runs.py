@@ -142,9 +142,10 @@ def _utf8(raw: bytes, path: Path, where: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}{' ' + where if where else ''} is not UTF-8 text (byte {raw[e.start]:#04x} at byte {e.start + 1}): the "
-                         "run's files are written as UTF-8, so this one was changed or damaged since; restore it "
-                         "or leave this run out") from None
+        at = f" {where}" if where else ""
+        raise ValueError(f"{path}{at} is not UTF-8 text (byte {raw[e.start]:#04x} at byte {e.start + 1}): the run's "
+                         "files are written as UTF-8, so this one was changed or damaged since; restore it or leave "
+                         "this run out") from None
 
 
 def _read_summary(path: Path) -> dict[str, Any]:

@@ -151,7 +151,7 @@ def _call(fn: Callable[..., Any], key: str, problem: Problem, *args: Any) -> Any
     where in the user's code (the innermost frame), not a traceback through the trainer."""
     try:
         return fn(*args)
-    except (Exception, SystemExit) as err:  # any error of the user's code, and an exit() that would end the run silently
+    except (Exception, SystemExit) as err:  # any error of the user's code; an exit() would end the run silently
         frames = traceback.extract_tb(err.__traceback__)
         where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
         message = " ".join(str(err).split())[:200]
