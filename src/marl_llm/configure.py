@@ -166,10 +166,15 @@ def map_overrides(args: list[str]) -> list[str]:
     return out
 
 
+class NoSuchOption(UserError):
+    """A group option that no config provides (group_choice_error's line). Where Hydra's own
+    "missing config" was expected (an option registered in code, with no YAML), catch this too."""
+
+
 def compose_config(overrides: list[str]) -> DictConfig:
     """The real config from conf/ for these overrides, as the console script composes it, plugins
     included (no validation: callers validate, or test invalid values). A group option that no
-    config provides is a UserError (group_choice_error)."""
+    config provides is a NoSuchOption (a UserError: group_choice_error)."""
     from hydra import compose, initialize_config_dir
 
     searchpath = register_configs(plugins_from_overrides(overrides))
@@ -177,7 +182,7 @@ def compose_config(overrides: list[str]) -> DictConfig:
     with initialize_config_dir(config_dir(), version_base="1.3"):
         err = group_choice_error(args)
         if err:
-            raise UserError(err)
+            raise NoSuchOption(err)
         return compose("config", overrides=args)
 
 

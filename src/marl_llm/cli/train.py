@@ -28,8 +28,11 @@ from marl_llm.configure import (add_overrides, config_dir, default_dir_pattern, 
 def _hydra_main(cfg: DictConfig) -> float:
     from marl_llm.runs.rundir import NOT_STARTED, Interrupted
 
-    from marl_llm.cli.new_run_dir import take_back
+    from marl_llm.cli.new_run_dir import OVERRIDE, take_back
 
+    # Hydra has read the command line: the callback it was given for take_back is no part of the
+    # user's command, which the run's summary quotes (runs/summary.py).
+    sys.argv[1:] = [a for a in sys.argv[1:] if a != OVERRIDE]
     try:
         validate(cfg)  # before any model loads: bad values fail in seconds
         from marl_llm.training.trainer import train

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sysconfig
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
@@ -87,9 +88,16 @@ class EnvTaskConfig:
 
 
 def _where(err: BaseException) -> str:
-    """`file:line` of the innermost frame of `err` (the environment's own line, usually)."""
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith("<frozen")]
-    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""  # (exit()'s own frame is frozen)
+    """`file:line` in the environment's code where `err` was raised: the innermost frame outside
+    Python's own library and installed packages (exit() is site's, and under logger=wandb sys.exit
+    is wandb's exit hook), else the first frame of the environment's method (an installed one)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    ours = next((i for i in range(len(frames) - 1, -1, -1) if frames[i].filename == __file__), -1)
+    theirs = frames[ours + 1:] or frames
+    library = tuple(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib"))
+    own = [f for f in theirs if not f.filename.startswith(("<", *library))]
+    where = own[-1] if own else theirs[0] if theirs else None
+    return f" at {where.filename}:{where.lineno}" if where else ""
 
 
 # What user code raises to end the process (exit(), sys.exit(), SystemExit): in an environment's
