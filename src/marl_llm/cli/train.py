@@ -26,9 +26,8 @@ from marl_llm.configure import (add_overrides, config_dir, default_dir_pattern, 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
 def _hydra_main(cfg: DictConfig) -> float:
-    from marl_llm.runs.rundir import NOT_STARTED, Interrupted
-
     from marl_llm.cli.new_run_dir import OVERRIDE, take_back
+    from marl_llm.runs.rundir import NOT_STARTED, Interrupted
 
     # Hydra has read the command line: the callback it was given for take_back is no part of the
     # user's command, which the run's summary quotes (runs/summary.py).
