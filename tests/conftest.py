@@ -104,6 +104,12 @@ def assert_close_to_scale(actual, expected, rel: float, what: str = "") -> None:
     assert diff <= rel * max(scale, 1e-30), f"{what}: max |difference| {diff:.3g} > {rel:g} x max |reference| {scale:.3g}"
 
 
+def pythonpath(*dirs) -> str:
+    """PYTHONPATH for a subprocess that imports from `dirs` and from this process's PYTHONPATH
+    (a checkout run against another checkout's venv sets it to its own src/)."""
+    return os.pathsep.join([*(str(d) for d in dirs), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def compose_config(overrides: list[str]):
     """The real config from conf/, as the CLI composes it (run_dir set explicitly)."""
     from marl_llm.configure import compose_config as compose

@@ -6,7 +6,9 @@ close the better guess came; each agent's own reward is how close its own guess 
 for the guesser, so a test can tell the role rewards apart). `GUESS_LOG` (an env var) names a file
 that gets one JSON line per step: the seed, the environment's own turn counter and the agents.
 
-`mode` breaks the contract on purpose: reset_one_observation | step_text_reward | step_raises.
+`mode` breaks the contract on purpose: reset_one_observation | step_text_reward | step_raises |
+reset_exits | step_exits (sys.exit(0), which once ended the run with exit code 0 and no line) |
+huge_reset | huge_step (a 20 MiB observation, which once decoded for minutes).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import json
 import os
 import random
 import re
+import sys
+
+HUGE = 20 * 2**20  # characters
 
 
 class Guess:
@@ -26,6 +31,10 @@ class Guess:
     def reset(self, seed):
         self.seed, self.turn = seed, 0
         self.secret = random.Random(seed).randint(1, self.high)
+        if self.mode == "reset_exits":
+            sys.exit(0)
+        if self.mode == "huge_reset":
+            return {a: "x" * HUGE for a in self.agents}
         if self.mode == "reset_one_observation":
             return [self._ask("")]
         return {a: self._ask("") for a in self.agents}
@@ -44,6 +53,8 @@ class Guess:
         self.turn += 1
         if self.mode == "step_raises":
             raise ValueError("the referee is out to lunch")
+        if self.mode == "step_exits":
+            sys.exit(0)
         if log := os.environ.get("GUESS_LOG"):
             with open(log, "a") as f:
                 f.write(json.dumps({"seed": self.seed, "turn": self.turn, "agents": sorted(actions)}) + "\n")
@@ -59,6 +70,8 @@ class Guess:
             return "nothing" if g is None else f"{g}, {'right' if g == self.secret else 'too low' if g < self.secret else 'too high'}"
         feedback = " Last turn: " + "; ".join(f"{a} said {said(g)}" for a, g in guesses.items()) + "."
         observations = {a: self._ask(feedback) for a in self.agents}
+        if self.mode == "huge_step":
+            observations["helper"] = "y" * HUGE
         return observations, rewards, team, found, {"success": found}
 
 

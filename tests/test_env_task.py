@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TEST_DEVICE, VENV_BIN, compose_config
+from conftest import TEST_DEVICE, VENV_BIN, compose_config, pythonpath
 from marl_llm.config import UserError
 from marl_llm.rollout.base import Completion
 from marl_llm.rollout.sampling import SamplingParams
@@ -134,7 +134,7 @@ def tiny(model_dir: Path, run_dir: Path, *extra: str) -> list[str]:
 
 
 def marl_llm(args: list[str], log: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    env = {**os.environ, "PYTHONPATH": pythonpath(TESTS)}
     if log is not None:
         env["GUESS_LOG"] = str(log)
     return subprocess.run([str(VENV_BIN / "marl-llm"), *args], capture_output=True, text=True, timeout=300, env=env)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_DEVICE, VENV_BIN, compose_config
+from conftest import TEST_DEVICE, VENV_BIN, compose_config, pythonpath
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -113,7 +113,8 @@ def tiny(model_dir: Path, run_dir: Path) -> list[str]:
 
 def marl_llm(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(VENV_BIN / "marl-llm"), *args], capture_output=True, text=True, timeout=300,
-                          cwd=cwd, env={**os.environ, **env})
+                          cwd=cwd, env={**os.environ, **env, **({"PYTHONPATH": pythonpath(env["PYTHONPATH"])}
+                                                                  if "PYTHONPATH" in env else {})})
 
 
 def test_a_task_of_your_own_runs_through_the_console_script(user_dir, tiny_model_dir):

@@ -95,6 +95,14 @@ def check_shared(cfg: DictConfig) -> None:
         check_value(sb.get("max_output_bytes", 65536) >= 1, "task.sandbox.max_output_bytes",
                     f"{sb.get('max_output_bytes')} keeps no output: every program's output (the tool agent's "
                     "included) would be empty; use >= 1 (default 65536)")
+    plan = cfg.get("plan")
+    if plan is not None:  # marl-llm-plan's hardware and a run's plan (distributed/memory_plan.py)
+        check_value(plan.gpus is None or plan.gpus >= 1, "plan.gpus",
+                    f"{plan.gpus} GPUs hold nothing: plan for >= 1 GPU (plan.gpus=8), or leave it unset (1)")
+        check_value(plan.gpu_gib is None or plan.gpu_gib > 0, "plan.gpu_gib",
+                    f"{plan.gpu_gib} GiB per GPU holds nothing: give the GPU's memory in GiB > 0 (plan.gpu_gib=80), "
+                    "or leave it unset (80)")
+        check_value(plan.prompt_tokens >= 1, "plan.prompt_tokens", "must be >= 1 (the longest prompt, in tokens)")
     check_value(t.max_steps >= 0, "trainer.max_steps", "must be >= 0")
     check_value(t.peak_tflops is None or t.peak_tflops > 0, "trainer.peak_tflops",
                 "must be > 0 (dense TFLOP/s of one device) or null (from the GPU's name)")

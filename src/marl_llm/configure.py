@@ -11,6 +11,7 @@ algorithm's and task's own `check`.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import re
@@ -165,14 +166,134 @@ def map_overrides(args: list[str]) -> list[str]:
     return out
 
 
+class NoSuchOption(UserError):
+    """A group option that no config provides (group_choice_error's line). Where Hydra's own
+    "missing config" was expected (an option registered in code, with no YAML), catch this too."""
+
+
 def compose_config(overrides: list[str]) -> DictConfig:
     """The real config from conf/ for these overrides, as the console script composes it, plugins
-    included (no validation: callers validate, or test invalid values)."""
+    included (no validation: callers validate, or test invalid values). A group option that no
+    config provides is a NoSuchOption (a UserError: group_choice_error)."""
     from hydra import compose, initialize_config_dir
 
     searchpath = register_configs(plugins_from_overrides(overrides))
+    args = map_overrides(plugin_overrides(overrides, searchpath))
     with initialize_config_dir(config_dir(), version_base="1.3"):
-        return compose("config", overrides=map_overrides(plugin_overrides(overrides, searchpath)))
+        err = group_choice_error(args)
+        if err:
+            raise NoSuchOption(err)
+        return compose("config", overrides=args)
+
+
+# Hydra's flags that name another primary config: its groups are not conf/'s, so they are left to Hydra.
+OTHER_PRIMARY_FLAGS = ("-cp", "--config-path", "-cn", "--config-name")
+
+
+def _searchpath_override(args: list[str]) -> list[str]:
+    """The `hydra.searchpath=[...]` override that makes Hydra's config loader see every group the
+    command sees: the one given (plugin_overrides merged the plugins' entries into it) and a
+    `--config-dir` (-cd), which Hydra adds to the search path itself."""
+    entries: list[str] = []
+    for i, a in enumerate(args):
+        if a.partition("=")[0].lstrip("+") == "hydra.searchpath":
+            try:
+                value = _parse(a).value()
+            except Exception:  # noqa: BLE001  (Hydra's parse error: Hydra says it)
+                continue
+            entries += [value] if isinstance(value, str) else [str(v) for v in value or ()]
+        elif a in ("-cd", "--config-dir") and i + 1 < len(args):
+            entries.append(f"file://{os.path.abspath(args[i + 1])}")
+        elif a.startswith("--config-dir="):
+            entries.append(f"file://{os.path.abspath(a.split('=', 1)[1])}")
+    return ["hydra.searchpath=[" + ",".join(f"'{e}'" for e in entries) + "]"] if entries else []
+
+
+def _public(option: str) -> bool:
+    """An option a user picks (not a preset's private part `_*`, a schema `*_schema` or an example)."""
+    return not option.startswith("_") and not option.endswith(("_schema", ".example"))
+
+
+def group_choice_error(args: list[str]) -> str | None:
+    """A config group option on the command line that no config provides (`experiment=magrpo_humaneval_papr`):
+    the line that names the closest options, or None. Why: for an `optional` group in conf/config.yaml's
+    defaults (experiment, sweep, local) Hydra skips a missing option silently and runs the default
+    config; for the others it prints a multi-line listing. Only what the command line names is checked:
+    an optional group left unset stays optional (conf/local/default.yaml may be absent). Call with
+    Hydra's global state initialized (compose_config), or it is initialized here for the check."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    if any(a in OTHER_PRIMARY_FLAGS or a.startswith(tuple(f + "=" for f in OTHER_PRIMARY_FLAGS)) for a in args):
+        return None
+    chosen = []
+    for i, a in enumerate(args):
+        if not _is_override(args, i) or "=" not in a:
+            continue
+        try:
+            override = _parse(a)
+        except Exception:  # noqa: BLE001  (Hydra's parse error: train.grammar_error says it)
+            continue
+        if override.is_delete() or override.key_or_group.startswith("hydra") or "." in override.key_or_group:
+            continue
+        chosen.append((a, override))
+    if not chosen:
+        return None
+    if not GlobalHydra.instance().is_initialized():
+        from hydra import initialize_config_dir
+
+        with initialize_config_dir(config_dir(), version_base="1.3"):
+            return group_choice_error(args)
+    from hydra.core.object_type import ObjectType
+
+    loader = GlobalHydra.instance().config_loader()
+    searchpath = _searchpath_override(args)
+    for a, override in chosen:
+        group = override.key_or_group
+        if group not in _groups_under(loader, group.rpartition("/")[0], searchpath):
+            continue  # not a group: a plain key (seed=1), which unknown_key_error checks
+        options = loader.get_group_options(group, ObjectType.CONFIG, overrides=searchpath)
+        for value in _choices(override):
+            if value is None or "${" in value or value in options:
+                continue
+            public = [o for o in options if _public(o)]
+            close = difflib.get_close_matches(value, public, n=3, cutoff=0.6)
+            what = f"{group}={value}" if len(_choices(override)) == 1 else f"{a} names {group}={value}, which"
+            if not public:
+                examples = [o for o in options if o.endswith(".example")]
+                make = f"copy {group}/{examples[0]}.yaml to {group}/{value}.yaml" if examples else \
+                    f"write {group}/{value}.yaml"
+                return f"{what} is no {group} option: there is none to pick; {make} in {config_dir()}, or drop {a}"
+            if close:
+                others = f" (or {', '.join(close[1:])})" if len(close) > 1 else ""
+                hint = f"did you mean {group}={close[0]}{others}?"
+            elif len(public) <= 12:
+                hint = f"the options are {', '.join(public)}"
+            else:
+                hint = f"no option is close; all {len(public)}: marl-llm --help"
+            return f"{what} is no {group} option: {hint}"
+    return None
+
+
+def _groups_under(loader: Any, parent: str, searchpath: list[str]) -> list[str]:
+    from hydra.core.object_type import ObjectType
+
+    found = loader.get_group_options(parent, ObjectType.GROUP, overrides=searchpath)
+    return [f"{parent}/{g}" if parent else g for g in found]
+
+
+def _choices(override: Any) -> list[str | None]:
+    """The option names an override picks: one, a list (`group=[a,b]`), or a sweep's choices
+    (`-m group=a,b`; glob and range sweeps are left to Hydra)."""
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    value = override.value()
+    if isinstance(value, ChoiceSweep):
+        return [None if v is None else str(v) for v in value.list]
+    if override.is_sweep_override():
+        return []
+    if isinstance(value, list):
+        return [None if v is None else str(v) for v in value]
+    return [None if value is None else str(value)] if not isinstance(value, dict) else []
 
 
 # ------------------------------------------------------------------------------------ resolvers

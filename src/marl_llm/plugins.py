@@ -7,7 +7,9 @@ Each registers itself when its module is imported (`@register_algorithm`, `@regi
    the algorithms (and baselines, losses, ...) by name with their schemas: their modules import torch
    and load when first used (marl_llm.registry), so composing and checking a config stays light;
 2. the modules that installed packages declare in the `marl_llm.plugins` entry-point group, e.g.
-   in the plugin's pyproject.toml: [project.entry-points."marl_llm.plugins"] my_task = "my_pkg.task";
+   in the plugin's pyproject.toml: [project.entry-points."marl_llm.plugins"] my_task = "my_pkg.task"
+   (installed: site-packages, the user site, a PYTHONPATH dir; a `.dist-info` in the current
+   directory, which `python -m` puts on sys.path, is named in a warning and not loaded);
 3. the modules named by the `plugins` config key (`marl-llm plugins=[my_task] task=my_task`),
    importable from the installed packages or from PYTHONPATH.
 
@@ -23,6 +25,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import re
 import sys
 import traceback
 from types import ModuleType
@@ -70,16 +73,59 @@ def _import_named(name: str) -> ModuleType:
         raise UserError(f"plugins: importing {name!r} failed: {type(err).__name__}: {err}{_where(err)}") from None
 
 
+def _current_dir_entries() -> list[str]:
+    """The sys.path entries that are the current directory: the one `python -m` puts first (so
+    `python -m marl_llm`, `torchrun -m marl_llm` and `accelerate launch -m marl_llm`), the empty
+    entry of `python -c` and the REPL, and one named on PYTHONPATH (".", or an empty element)."""
+    cwd = os.path.realpath(os.getcwd())
+    return [p for p in sys.path if os.path.realpath(p or ".") == cwd]
+
+
+def _dist_name(dist: importlib.metadata.Distribution) -> str:
+    return (dist.metadata["Name"] or "?") if dist.metadata is not None else "?"
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503: one installed distribution per normalized name
+
+
+def _installed_entry_points() -> list[importlib.metadata.EntryPoint]:
+    """The marl_llm.plugins entry points of the installed distributions (site-packages, the user
+    site, PYTHONPATH): never of a `.dist-info` or `.egg-info` in the current directory, which any
+    download or checkout can hold, and which `python -m` would otherwise load code from. Such a
+    distribution's entry points are named in one warning line each, with what loads them."""
+    here = _current_dir_entries()
+    seen: set[str] = set()
+    found = []
+    for dist in importlib.metadata.distributions(path=[p for p in sys.path if p not in here]):
+        name = _normalized(_dist_name(dist))
+        if name in seen:  # shadowed by an earlier sys.path entry, as importlib.metadata.entry_points does
+            continue
+        seen.add(name)
+        found += list(dist.entry_points.select(group=ENTRY_POINT_GROUP))
+    if here:
+        for dist in importlib.metadata.distributions(path=here[:1]):
+            skipped = list(dist.entry_points.select(group=ENTRY_POINT_GROUP))
+            if skipped:
+                where = getattr(dist, "_path", None)  # the .dist-info dir (importlib.metadata's PathDistribution)
+                where = os.path.abspath(where) if where else os.getcwd()
+                print(f"warning: not loading the {ENTRY_POINT_GROUP} entry point(s) "
+                      f"{', '.join(f'{ep.name} = {ep.value}' for ep in skipped)} that {_dist_name(dist)} declares in "
+                      f"the current directory ({where}): plugins load from installed packages only; install it "
+                      f"(pip install), or name its module: plugins=[{skipped[0].module}]", file=sys.stderr, flush=True)
+    return found
+
+
 @functools.cache
 def _entry_point_modules() -> tuple[ModuleType, ...]:
     """Once per process (an error is not cached: it stops the run)."""
     modules = []
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for ep in _installed_entry_points():
         dist = getattr(ep, "dist", None)
-        source = f" (declared by {dist.name})" if dist is not None else ""
+        source = f" (declared by {_dist_name(dist)}, {getattr(dist, '_path', '?')})" if dist is not None else ""
         try:
             loaded = ep.load()
-        except Exception as err:  # noqa: BLE001
+        except (Exception, SystemExit) as err:  # an exit() in the plugin would end the command silently
             raise UserError(f"the {ENTRY_POINT_GROUP} entry point {ep.name} = {ep.value}{source} failed to load: "
                             f"{type(err).__name__}: {err}{_where(err)}; fix or uninstall that package") from None
         modules.append(loaded if isinstance(loaded, ModuleType) else sys.modules[ep.module])

@@ -168,7 +168,7 @@ def _defaults(algo_name: str, task_name: str, task_chosen: bool, out_dir: Path, 
     config; a chosen task=<option> must be one."""
     from hydra.errors import HydraException
 
-    from marl_llm.configure import compose_config
+    from marl_llm.configure import NoSuchOption, compose_config
     from marl_llm.tasks import TASKS
 
     options = sorted(TASKS)  # the built-in tasks and the run's plugins' (loaded by unknown_key_error)
@@ -177,7 +177,7 @@ def _defaults(algo_name: str, task_name: str, task_chosen: bool, out_dir: Path, 
     try:
         defaults = compose_config([*plugins, f"algo={algo_name}", f"task={task_name}", "model=local", "logger=none",
                                    f"run_dir={out_dir}"])
-    except HydraException:
+    except (HydraException, NoSuchOption):  # an algorithm or task registered in code: no YAML option
         return OmegaConf.create()
     OmegaConf.set_struct(defaults, False)  # keys the run's config has that today's schema lacks stay
     return defaults

@@ -19,29 +19,37 @@ from omegaconf import DictConfig
 
 from marl_llm.config import TrainerConfig, UserError
 from marl_llm.config_keys import walk_key
-from marl_llm.configure import (add_overrides, config_dir, default_dir_pattern, default_run_dir, map_overrides,
-                               option_schemas, plugin_overrides, plugins_from_overrides, register_configs, validate)
+from marl_llm.configure import (add_overrides, config_dir, default_dir_pattern, default_run_dir, group_choice_error,
+                               map_overrides, option_schemas, plugin_overrides, plugins_from_overrides,
+                               register_configs, validate)
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
 def _hydra_main(cfg: DictConfig) -> float:
+    from marl_llm.cli.new_run_dir import OVERRIDE, take_back
     from marl_llm.runs.rundir import NOT_STARTED, Interrupted
 
+    # Hydra has read the command line: the callback it was given for take_back is no part of the
+    # user's command, which the run's summary quotes (runs/summary.py).
+    sys.argv[1:] = [a for a in sys.argv[1:] if a != OVERRIDE]
     try:
         validate(cfg)  # before any model loads: bad values fail in seconds
         from marl_llm.training.trainer import train
 
         return train(cfg)
     except UserError as err:
+        take_back()  # the run dir this command made, if the run never started in it
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except Interrupted as stop:  # Ctrl-C: one line (where it stopped, how to go on), the shell's 128 + SIGINT
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run is over: another Ctrl-C must not cut this line
+        take_back()
         if stop.main:
             print(stop, file=sys.stderr, flush=True)
         sys.exit(130)
     except KeyboardInterrupt:  # before the run claimed its dir: nothing there to continue
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        take_back()
         print(NOT_STARTED, file=sys.stderr, flush=True)
         sys.exit(130)
 
@@ -183,6 +191,61 @@ def lookalike_error(args: list[str]) -> str | None:
     return None
 
 
+def grammar_error(args: list[str]) -> str | None:
+    """An override Hydra's grammar cannot read (`task.data.train_split=train[:5000]`: brackets and
+    colons), as one line with Hydra's reason and, where quoting the value makes it readable, the
+    argument quoted for Hydra inside the shell's quotes; Hydra's own error is three lines and names
+    neither the argument nor the quoting."""
+    from marl_llm.configure import _is_override
+
+    for i, a in enumerate(args):
+        if not _is_override(args, i) or _hydra_reads(a):
+            continue
+        reason = _hydra_reason(a)
+        key, eq, value = a.partition("=")
+        if eq:
+            inner = '"' if '"' not in value else "'"
+            quoted = f"{key}={inner}{value}{inner}"
+            if "'" not in quoted and _hydra_reads(quoted):
+                return (f"Hydra cannot read {a!r} ({reason}): brackets, colons, spaces and the like need Hydra's "
+                        f"quotes around the value, inside the shell's: '{quoted}'")
+        return (f"Hydra cannot read {a!r} ({reason}): write key=value, quoting a value with brackets, colons or "
+                "spaces for Hydra inside the shell's quotes ('key=\"value\"'); the override grammar: "
+                "https://hydra.cc/docs/advanced/override_grammar/basic/")
+    return None
+
+
+def _hydra_reason(override: str) -> str:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        OverridesParser.create().parse_override(override)
+    except Exception as err:  # noqa: BLE001  (any parse error)
+        return (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return ""
+
+
+# Hydra's commands: it runs one per call and raises a ValueError (a traceback) for two.
+COMMAND_FLAGS = {"-r": "--run", "--run": "--run", "-m": "--multirun", "--multirun": "--multirun", "-c": "--cfg",
+                 "--cfg": "--cfg", "-i": "--info", "--info": "--info", "-sc": "--shell-completion",
+                 "--shell-completion": "--shell-completion"}
+
+
+def exclusive_flags_error(args: list[str]) -> str | None:
+    """`marl-llm -m ... --cfg hydra`: Hydra takes one of --run, --multirun, --cfg, --info and
+    --shell-completion, and answers two with a traceback. Say which, and what prints a sweep's config."""
+    given = []
+    for a in args:
+        flag = COMMAND_FLAGS.get(a.split("=", 1)[0]) if a.startswith("-") else None
+        if flag and flag not in given:
+            given.append(flag)
+    if len(given) < 2:
+        return None
+    fix = (" (a sweep's jobs share one config but for the swept keys: to see one job's, drop -m and give one value "
+           "per key, e.g. marl-llm --cfg job seed=0)") if "--multirun" in given and "--cfg" in given else ""
+    return f"{' and '.join(given)} cannot be combined: Hydra runs one of them per command; keep one{fix}"
+
+
 def _hydra_reads(override: str) -> bool:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -288,6 +351,21 @@ def run_dir_check(args: list[str]) -> None:
                     f"{key}=<dir you can write>, or run marl-llm from a directory you can write")
 
 
+PRINT_ONLY = ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc")
+
+
+def take_back_overrides(args: list[str]) -> list[str]:
+    """The Hydra callback that notes which dirs of a single run's dir are new (cli/new_run_dir.py),
+    so that a command refused before its run started removes what it made. Not for a sweep, nor
+    under a launcher (their dirs are shared), nor for what only prints."""
+    if any(a in ("-m", "--multirun") or a.split("=", 1)[0] in PRINT_ONLY for a in args):
+        return []
+    from marl_llm.cli.new_run_dir import OVERRIDE
+    from marl_llm.distributed.world import launched_world_size
+
+    return [] if launched_world_size() > 1 else [OVERRIDE]
+
+
 def main() -> None:
     import logging
 
@@ -303,17 +381,21 @@ def main() -> None:
 
 
 def _main() -> None:
-    err, searchpath = lookalike_error(sys.argv[1:]), []
+    args = sys.argv[1:]
+    err, searchpath = lookalike_error(args) or grammar_error(args) or exclusive_flags_error(args), []
     if err is None:
         try:  # the algorithms, tasks and plugins register their schemas before the overrides are read
             searchpath = register_configs(plugins_from_overrides(sys.argv[1:]))
         except UserError as e:
             err = str(e)
-    err = err or repeated_key_error(sys.argv[1:]) or unknown_key_error(sys.argv[1:])
+    err = err or repeated_key_error(sys.argv[1:])
+    if err is None:
+        sys.argv[1:] = plugin_overrides(sys.argv[1:], searchpath)
+        err = group_choice_error(sys.argv[1:]) or unknown_key_error(sys.argv[1:])
     if err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    sys.argv[1:] = map_overrides(plugin_overrides(sys.argv[1:], searchpath))
+    sys.argv[1:] = map_overrides(sys.argv[1:])
     try:
         run_dir_check(sys.argv[1:])
         named_dir_check(sys.argv[1:])  # every rank, before rank_overrides' first collective
@@ -321,6 +403,7 @@ def _main() -> None:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    sys.argv[1:] = add_overrides(sys.argv[1:], take_back_overrides(sys.argv[1:]))
     if any(a in ("-m", "--multirun") for a in sys.argv[1:]):
         from marl_llm.cli.submitit_logs import quiet_submitit
 

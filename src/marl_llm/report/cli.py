@@ -158,9 +158,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: cannot read --commands file {args.commands}: {e}", file=sys.stderr)
             return 2
     # Explicit paths that do not exist deserve a warning; absent default roots are just "nothing there".
-    runs = find_runs(paths if args.paths else [p for p in paths if Path(p).exists()])
+    unreadable: list[Path] = []
+    runs = find_runs(paths if args.paths else [p for p in paths if Path(p).exists()], unreadable)
     if args.task:
         runs = [r for r in runs if r.task in set(args.task)]
+    if not runs and unreadable and not args.task:
+        print(f"error: no readable finished runs under {', '.join(paths)}: {len(unreadable)} skipped as unreadable, "
+              "each named above with its file; restore those files or leave the runs out", file=sys.stderr)
+        return 2
     if not runs:
         only = f" for task(s) {', '.join(args.task)}" if args.task else ""
         print(f"error: no finished runs{only} found under {', '.join(paths)}; a run directory must contain "

@@ -115,8 +115,9 @@ def _config_leaves(cfg: Any) -> dict[str, Any]:
 def _read_metrics(path: Path) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
     train: dict[int, dict[str, float]] = {}
     evals: dict[int, dict[str, float]] = {}
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with path.open("rb") as f:  # bytes: a line that is not UTF-8 is named by its number
+        for lineno, raw in enumerate(f, 1):
+            line = _utf8(raw, path, f"line {lineno}")
             if not line.strip():
                 continue
             try:
@@ -125,7 +126,7 @@ def _read_metrics(path: Path) -> tuple[dict[int, dict[str, float]], dict[int, di
                     raise TypeError("not a JSON object")
                 step = int(row["step"])
             except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{path.name} line {lineno}: {type(e).__name__}: {e}") from None
+                raise ValueError(f"{path} line {lineno}: {type(e).__name__}: {e}") from None
             for key, value in row.items():
                 if not isinstance(value, (int, float)) or isinstance(value, bool):
                     continue
@@ -135,6 +136,30 @@ def _read_metrics(path: Path) -> tuple[dict[int, dict[str, float]], dict[int, di
                 elif key.startswith("eval/"):
                     evals.setdefault(step, {})[key] = float(value)
     return train, evals
+
+
+def _utf8(raw: bytes, path: Path, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        at = f" {where}" if where else ""
+        raise ValueError(f"{path}{at} is not UTF-8 text (byte {raw[e.start]:#04x} at byte {e.start + 1}): the run's "
+                         "files are written as UTF-8, so this one was changed or damaged since; restore it or leave "
+                         "this run out") from None
+
+
+def _read_summary(path: Path) -> dict[str, Any]:
+    """summary.json as a dict; ValueError naming the file (and where in it) when it is not one."""
+    text = _utf8(path.read_bytes(), path, "")
+    try:
+        summary = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}): the run writes it whole when it finishes, so it was "
+                         "changed or damaged since; restore it, or remove it to have the run skipped as unfinished"
+                         ) from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return summary
 
 
 def load_run(d: Path) -> Run:
@@ -149,10 +174,8 @@ def load_run(d: Path) -> Run:
     try:
         cfg = OmegaConf.load(cfg_path)
     except Exception as e:  # noqa: BLE001 - any YAML/OmegaConf failure means the same thing here: unreadable
-        raise ValueError(f"{cfg_path.name}: {e}") from None
-    summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    if not isinstance(summary, dict):
-        raise ValueError("summary.json is not a JSON object")
+        raise ValueError(f"{cfg_path}: {' '.join(str(e).split())}") from None
+    summary = _read_summary(summary_path)
     task, algo = _select(cfg, "task.name"), _select(cfg, "algo.name")
     if not task or not algo:
         raise ValueError(f"{cfg_path.name} lacks task.name or algo.name")
@@ -167,10 +190,11 @@ def load_run(d: Path) -> Run:
                summary=summary, train=train, eval=evals, config=_config_leaves(cfg))
 
 
-def find_runs(paths: Sequence[str | os.PathLike[str]]) -> list[Run]:
+def find_runs(paths: Sequence[str | os.PathLike[str]], unreadable: list[Path] | None = None) -> list[Run]:
     """Every finished, readable run under `paths` (run dirs or roots searched recursively), sorted by path.
 
-    Unfinished and unreadable runs are skipped with a warning on stderr; missing paths too.
+    Unfinished and unreadable runs are skipped with a warning on stderr that names the file; missing
+    paths too. `unreadable`, when given, gets the dirs of the unreadable runs.
     """
     runs: list[Run] = []
     seen: set[Path] = set()
@@ -189,5 +213,7 @@ def find_runs(paths: Sequence[str | os.PathLike[str]]) -> list[Run]:
             except FileNotFoundError as e:
                 warn(f"skipping {d}: {e}")
             except (OSError, ValueError, UnicodeDecodeError) as e:
-                warn(f"skipping {d}: unreadable ({e})")
+                warn(f"skipping {d}: unreadable ({' '.join(str(e).split())})")
+                if unreadable is not None:
+                    unreadable.append(d)
     return sorted(runs, key=lambda r: r.path.as_posix())

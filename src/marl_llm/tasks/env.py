@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sysconfig
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
@@ -65,6 +66,11 @@ class EnvTaskConfig:
     num_eval_seeds: int = 32
     # Training reward = team reward + shift.
     reward_shift: float = 0.0
+    # The longest observation (characters) reset() or step() may return: a longer one stops the run
+    # with one line naming the environment, the method and this limit, instead of a prompt that
+    # tokenizes and decodes for minutes. 1,000,000 characters are ~250,000 tokens, more than any
+    # supported model reads.
+    max_observation_chars: int = 1_000_000
 
     @staticmethod
     def check(cfg: Any) -> None:
@@ -77,12 +83,35 @@ class EnvTaskConfig:
                         f"{agents} must name at least one agent, each once")
         check_value(t.num_train_seeds >= 1, "task.num_train_seeds", "must be >= 1")
         check_value(t.num_eval_seeds >= 1, "task.num_eval_seeds", "must be >= 1")
+        check_value(t.get("max_observation_chars", 1) >= 1, "task.max_observation_chars",
+                    "must be >= 1 (characters; default 1,000,000)")
 
 
 def _where(err: BaseException) -> str:
-    """`file:line` of the innermost frame of `err` (the environment's own line, usually)."""
+    """`file:line` in the environment's code where `err` was raised: the innermost frame outside
+    Python's own library and installed packages (exit() is site's, and under logger=wandb sys.exit
+    is wandb's exit hook), else the first frame of the environment's method (an installed one)."""
     frames = traceback.extract_tb(err.__traceback__)
-    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    ours = next((i for i in range(len(frames) - 1, -1, -1) if frames[i].filename == __file__), -1)
+    theirs = frames[ours + 1:] or frames
+    library = tuple(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib"))
+    own = [f for f in theirs if not f.filename.startswith(("<", *library))]
+    where = own[-1] if own else theirs[0] if theirs else None
+    return f" at {where.filename}:{where.lineno}" if where else ""
+
+
+# What user code raises to end the process (exit(), sys.exit(), SystemExit): in an environment's
+# method it would end the run with exit code 0 and no line at all. Ctrl-C (KeyboardInterrupt) stays
+# the run's own interruption.
+ESCAPES = (Exception, SystemExit)
+
+
+def _raised(err: BaseException) -> str:
+    """What the user's code raised, for the one line: `ValueError: msg`, or the exit it called."""
+    if isinstance(err, SystemExit):
+        return (f"SystemExit({err.code!r}) (it called exit() or sys.exit(): an environment's methods must return; "
+                "to end an episode return done=True, to stop the run raise an exception)")
+    return f"{type(err).__name__}: {err}"
 
 
 def _number(value: Any) -> float | None:
@@ -135,18 +164,18 @@ class EnvTask(Task):
     def make(self) -> Any:
         try:
             return self.factory(**self.kwargs)
-        except Exception as err:  # noqa: BLE001  (the user's constructor: one line naming it)
+        except ESCAPES as err:  # the user's constructor: one line naming it
             raise UserError(f"task.env={self.spec}: creating it with task.env_kwargs={self.kwargs} raised "
-                            f"{type(err).__name__}: {err}{_where(err)}") from None
+                            f"{_raised(err)}{_where(err)}") from None
 
     def _call(self, env: Any, method: str, arg: Any, seed: int | None = None, turn: int | None = None) -> Any:
         try:
             return getattr(env, method)(arg)
         except UserError:
             raise
-        except Exception as err:  # noqa: BLE001  (the user's environment: one line naming the method)
+        except ESCAPES as err:  # the user's environment: one line naming the method
             at = f"reset(seed={arg})" if method == "reset" else f"step() at turn {turn} of the episode of seed {seed}"
-            raise UserError(f"task.env={self.spec}: {at} raised {type(err).__name__}: {err}{_where(err)}: fix the "
+            raise UserError(f"task.env={self.spec}: {at} raised {_raised(err)}{_where(err)}: fix the "
                             "environment") from None
 
     def _observe(self, obs: Any, method: str, seed: int, turn: int | None = None) -> list[str]:
@@ -156,10 +185,15 @@ class EnvTask(Task):
                 and isinstance(obs[0], (list, tuple, dict)):
             obs = obs[0]  # gymnasium's (observations, info)
         obs = self._per_agent(obs, at, "observation")
+        limit = int(self.cfg.get("max_observation_chars", EnvTaskConfig.max_observation_chars))
         for name, o in zip(self.agent_names, obs):
             if not isinstance(o, str):
                 raise UserError(f"task.env={self.spec}: {at} returned a {type(o).__name__} observation for agent "
                                 f"{name}: an observation is the agent's prompt, a str")
+            if len(o) > limit:
+                raise UserError(f"task.env={self.spec}: {at} returned a {len(o):,}-character observation for agent "
+                                f"{name}, more than task.max_observation_chars={limit:,}: return a shorter prompt "
+                                "(what the agent must read this turn), or raise task.max_observation_chars")
         return obs
 
     def _per_agent(self, values: Any, at: str, what: str) -> list[Any]:
@@ -259,9 +293,9 @@ class EnvTask(Task):
     def _fork(self, env: Any, seed: int) -> Any:
         try:
             return copy.deepcopy(env)
-        except Exception as err:  # noqa: BLE001
+        except ESCAPES as err:
             raise UserError(f"task.env={self.spec}: copy.deepcopy of the environment (seed {seed}) raised "
-                            f"{type(err).__name__}: {err}: a rollout tree forks it when a joint action has several "
+                            f"{_raised(err)}{_where(err)}: a rollout tree forks it when a joint action has several "
                             "children (algo.num_generations > 1 after the first turn); make it copyable (e.g. "
                             "__deepcopy__) or set algo.num_turns=1") from None
 

@@ -76,6 +76,11 @@ def resolve_function(spec: str, key: str, kind: str = "function") -> Callable[..
     except ImportError as err:
         raise UserError(f"{key}={spec}: cannot import {module_name!r} ({err}): install it or put its directory "
                         "on PYTHONPATH") from None
+    except (Exception, SystemExit) as err:  # the module's own code (an exit() in it would end the run silently)
+        frames = traceback.extract_tb(err.__traceback__)
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        raise UserError(f"{key}={spec}: importing {module_name!r} raised {type(err).__name__}: {err}{where}: fix "
+                        "the module") from None
     for part in qualname.split("."):
         if not hasattr(obj, part):
             raise UserError(f"{key}={spec}: {module_name} has no {qualname!r}")
@@ -146,7 +151,7 @@ def _call(fn: Callable[..., Any], key: str, problem: Problem, *args: Any) -> Any
     where in the user's code (the innermost frame), not a traceback through the trainer."""
     try:
         return fn(*args)
-    except Exception as err:  # noqa: BLE001  (any error of the user's code)
+    except (Exception, SystemExit) as err:  # any error of the user's code; an exit() would end the run silently
         frames = traceback.extract_tb(err.__traceback__)
         where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
         message = " ".join(str(err).split())[:200]
