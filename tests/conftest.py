@@ -164,3 +164,21 @@ def p_name_parts(policies, key, param):
         if p is param:
             return name.split(".")
     return []
+
+
+def as_ordinary_uid(argv: list[str], uid: int) -> list[str]:
+    """argv run as `uid` with no capabilities (setpriv), in a private mount namespace where an
+    interpreter under /root (pyenv), which an ordinary uid cannot enter, stays reachable: /root
+    becomes a traversable tmpfs holding the same tree. Needs root, unshare and setpriv."""
+    import os
+    import sys
+
+    real = os.path.realpath(sys.executable)
+    script = "mount --make-rprivate /\n"
+    if real.startswith("/root/"):
+        top = "/root/" + real.split("/")[2]
+        script += (f"mkdir -p /run/marl-keep && mount --bind {top} /run/marl-keep\n"
+                   f"mount -t tmpfs -o mode=755,size=1m tmpfs /root\nmkdir -p {top}\n"
+                   f"mount --move /run/marl-keep {top}\n")
+    script += f'exec setpriv --reuid={uid} --regid={uid} --clear-groups --inh-caps=-all --bounding-set=-all "$@"'
+    return ["unshare", "-m", "sh", "-c", script, "sh", *argv]

@@ -32,7 +32,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import VENV_BIN, compose_config
+from conftest import VENV_BIN, as_ordinary_uid, compose_config
 from marl_llm.config import UserError
 from marl_llm.runs import digest
 from marl_llm.runs.checkpoint import read_checkpoint, save_checkpoint
@@ -77,16 +77,7 @@ def as_user(user: str, argv: list[str], **kwargs) -> subprocess.CompletedProcess
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "PYTHONWARNINGS": "ignore", **kwargs.pop("env", {})}
     if user == "ordinary":
-        real = os.path.realpath(sys.executable)
-        script = "mount --make-rprivate /\n"
-        if real.startswith("/root/"):
-            top = "/root/" + real.split("/")[2]
-            script += (f"mkdir -p /run/marl-keep && mount --bind {top} /run/marl-keep\n"
-                       f"mount -t tmpfs -o mode=755,size=1m tmpfs /root\nmkdir -p {top}\n"
-                       f"mount --move /run/marl-keep {top}\n")
-        script += (f'exec setpriv --reuid={ORDINARY_UID} --regid={ORDINARY_UID} --clear-groups '
-                   f'--inh-caps=-all --bounding-set=-all "$@"')
-        argv = ["unshare", "-m", "sh", "-c", script, "sh", *argv]
+        argv = as_ordinary_uid(argv, ORDINARY_UID)
     if popen:
         return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, **kwargs)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import as_ordinary_uid
 from marl_llm.sandbox import SandboxLimits, Status, TestOutcome, confinement, isolation, namespaces_error, run_tests_many
 from marl_llm.sandbox import zygote as zygote_module
 from marl_llm.sandbox.confinement import namespaces_gaps, process_mode_losses, require_isolation
@@ -1301,21 +1302,10 @@ def test_attack_suite_as_an_unprivileged_user(tmp_path: Path) -> None:
     home.mkdir()
     os.chown(home, UNPRIVILEGED_UID, UNPRIVILEGED_UID)
     tmp_path.chmod(0o755)
-    # The interpreter may live under /root (pyenv), which an ordinary uid cannot enter: in a private
-    # mount namespace (of this test only), /root becomes a traversable tmpfs holding the same tree.
-    real = os.path.realpath(sys.executable)
-    script = "mount --make-rprivate /\n"
-    if real.startswith("/root/"):
-        top = "/root/" + real.split("/")[2]
-        script += (f"mkdir -p /run/marl-keep && mount --bind {top} /run/marl-keep\n"
-                   f"mount -t tmpfs -o mode=755,size=1m tmpfs /root\nmkdir -p {top}\n"
-                   f"mount --move /run/marl-keep {top}\n")
-    script += (f'exec setpriv --reuid={UNPRIVILEGED_UID} --regid={UNPRIVILEGED_UID} --clear-groups '
-               f'--inh-caps=-all --bounding-set=-all "$@"')
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
            "MARL_LLM_UNPRIVILEGED_RUN": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    cmd = ["unshare", "-m", "sh", "-c", script, "sh", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           "-x", __file__, "-k", "not unprivileged"]
+    cmd = as_ordinary_uid([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", __file__, "-k",
+                           "not unprivileged"], UNPRIVILEGED_UID)
     run = subprocess.run(cmd, env=env, cwd=str(Path(__file__).resolve().parents[1]), capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
