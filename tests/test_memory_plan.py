@@ -108,7 +108,7 @@ def planned(cfg, mode: str, checkpointing: bool):
     targets = ["q_proj", "v_proj"] if mode == "lora" else ["all-linear"]
     size = 2 if mode == "full_bf16" else 4
     work = mp.Workload(policies=1, full=mode.startswith("full"), compute_bytes=size, master_bytes=size,
-                       frozen_bytes=size, rows=ROWS,
+                       frozen_bytes=size, rows=ROWS, device_type="cpu",
                        prompt_tokens=P, new_tokens=C, micro_batch=B, checkpointing=checkpointing,
                        adapters=0 if mode.startswith("full") else 1, all_linear=mode == "lora_all",
                        adapter_params=0 if mode.startswith("full") else a.adapter_params(8, targets))
@@ -118,9 +118,10 @@ def planned(cfg, mode: str, checkpointing: bool):
 @pytest.mark.parametrize("kind, mode, checkpointing", [
     ("llama", "full", False), ("llama", "full", True), ("qwen3", "full", False), ("qwen3", "full", True),
     ("llama", "lora", False), ("llama", "lora", True), ("llama", "lora_all", False),
-    # trainer.master_weights=bf16. Not listed: Qwen3 in bf16, planned 8% (16% with checkpointing)
-    # under its measured peak on the CPU (docs/gpu.md).
-    ("llama", "full_bf16", False), ("llama", "full_bf16", True)])
+    # trainer.master_weights=bf16 (Qwen3's was planned 8% under, 16% with checkpointing, while the
+    # LM head's chunk counted 3 buffers of its logits instead of the 5 it keeps).
+    ("llama", "full_bf16", False), ("llama", "full_bf16", True), ("qwen3", "full_bf16", False),
+    ("qwen3", "full_bf16", True)])
 def test_the_update_peak_is_within_15_percent_of_the_measured_one(kind, mode, checkpointing):
     model, cfg, opt, step = build(kind, mode, checkpointing)
     measured = held(model, opt) + peak_while(step)
@@ -179,7 +180,7 @@ def test_every_paper_preset_states_hardware_it_fits(preset):
     from marl_llm.cli.plan import plan_lines
 
     text = (REPO / "conf" / "experiment" / f"{preset}.yaml").read_text()
-    assert re.search(r"^plan:\n  gpus: \d+\n  gpu_gib: \d+", text, re.M), f"{preset} states no plan.gpus/gpu_gib"
+    assert re.search(r"^plan:\n  gpus: \d+\n  gpu_gib: [\d.]+", text, re.M), f"{preset} states no plan.gpus/gpu_gib"
     lines, fits = plan_lines([f"experiment={preset}"])
     assert fits, "\n".join(lines)
 
@@ -190,11 +191,12 @@ def test_the_largest_full_fine_tuning_presets_fit_eight_80_gb_gpus_and_not_one(p
     from marl_llm.cli.plan import plan_lines
 
     cfg = compose_config([f"experiment={preset}", "run_dir=/tmp/p"])
-    assert cfg.algo.lora is None and 1 < cfg.plan.gpus <= 8 and cfg.plan.gpu_gib == 80 and cfg.trainer.fsdp
+    assert cfg.algo.lora is None and 1 < cfg.plan.gpus <= 8 and cfg.plan.gpu_gib == 79.6 and cfg.trainer.fsdp
     lines, fits = plan_lines([f"experiment={preset}", "plan.gpus=8"])
     assert fits, "\n".join(lines)
     lines, fits = plan_lines([f"experiment={preset}", "plan.gpus=1"])
-    assert not fits and "DOES NOT FIT" in lines[-2] and lines[-1].startswith("  to fit:")
+    peak = next(line for line in lines if line.startswith("  peak"))
+    assert not fits and "DOES NOT FIT" in peak and lines[-1].startswith("  to fit:")
 
 
 def test_a_cpu_run_without_a_gpu_size_plans_per_process_not_per_gpu():
@@ -216,7 +218,7 @@ def test_marl_llm_plan_prints_the_terms_and_exits_by_the_fit():
     for term in ("weights + master weights", "gradients + optimizer states", "KV cache (", "activations (checkpointing",
                  "peak"):
         assert term in out.stdout
-    assert "on 8 GPUs of 80 GiB, placement=shared, FSDP over 8" in out.stdout and " fits" in out.stdout
+    assert "on 8 GPUs of 79.6 GiB, placement=shared, FSDP over 8" in out.stdout and " fits" in out.stdout
     small = subprocess.run([cli, "experiment=at_grpo_sokoban_qwen3_8b_paper", "plan.gpus=2", "plan.gpu_gib=24"],
                            capture_output=True, text=True, timeout=300, env=env())
     assert small.returncode == 1 and "DOES NOT FIT in 24 GiB" in small.stdout and "to fit:" in small.stdout
@@ -230,8 +232,8 @@ def test_a_run_that_cannot_fit_stops_within_seconds_with_its_plan(tiny_model_dir
                           "plan.gpu_gib=0.001"], capture_output=True, text=True, timeout=300, env=env())
     assert out.returncode != 0
     assert "memory plan: 1 policy" not in out.stdout  # two agents, two LoRA adapters: "2 policies"
-    assert "memory plan: 2 policies" in out.stdout and "DOES NOT FIT in 0 GiB" in out.stdout
-    assert "on 1 GPU of 0 GiB" in out.stdout and "per GPU:" in out.stdout  # plan.gpu_gib: a GPU's size to check
+    assert "memory plan: 2 policies" in out.stdout and "DOES NOT FIT in 0.001 GiB" in out.stdout
+    assert "on 1 GPU of 0.001 GiB" in out.stdout and "per GPU:" in out.stdout  # plan.gpu_gib: a GPU's size to check
     assert "the memory plan above does not fit" in out.stderr and "plan.check=false" in out.stderr
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "run" / "checkpoint.pt").exists() and "step 1/1" not in out.stdout  # nothing trained
