@@ -1,25 +1,34 @@
 """The memory plan (distributed/memory_plan.py, `marl-llm-plan`): its figures against the measured
-peak memory of tiny models on the CPU (within 15%), the presets' models' parameter counts, the
-hardware every paper preset states, the console script, and a run that cannot fit stopping
-within seconds with its plan.
+peak memory of real training runs on the CPU (LoRA, full fine-tuning, FSDP on 2 gloo ranks, bf16
+weights: each process's peak RSS, within 15%) and of tiny models' tensors (within 15%), the
+terms it adds on a GPU, the rows the runtime's KV budget trims, the presets' models' parameter
+counts, the hardware every paper preset states, the console script, and a run that cannot fit
+stopping within seconds with its plan.
 
-What the CPU measurement shows: every tensor the CPU allocator hands out and takes back, from the
+Two measurements. A real run's: scripts/measure_memory_plan.py runs `marl-llm` for two steps in
+its own processes and reads each one's peak RSS growth from a baseline after the imports (Linux
+VmHWM). A tiny model's tensors: every tensor the CPU allocator hands out and takes back, from the
 profiler's memory events (torch.profiler, profile_memory=True), summed in time order; the tensors
-held before (weights, AdamW's moments) are added by their storages. It is the tensors' own peak,
-not the process's RSS (Python, libraries and allocator slack are not in it)."""
+held before (weights, AdamW's moments) are added by their storages. That is the tensors' own
+peak, without the process's tokenizers and Python objects (the plan's CPU `runtime` term)."""
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import REPO, VENV_BIN, compose_config, tiny_overrides
+from conftest import REPO, VENV_BIN, compose_config, rank_port, tiny_overrides
 from test_distributed import env
+
+sys.path.insert(0, str(REPO / "scripts"))
+import measure_memory_plan  # noqa: E402
 
 TOLERANCE = 0.15
 
@@ -126,7 +135,8 @@ def test_the_update_peak_is_within_15_percent_of_the_measured_one(kind, mode, ch
     model, cfg, opt, step = build(kind, mode, checkpointing)
     measured = held(model, opt) + peak_while(step)
     plan = planned(cfg, mode, checkpointing)
-    assert abs(plan.update_peak / measured - 1) <= TOLERANCE, (plan.update_peak, measured)
+    tensors = plan.update_peak - plan.runtime  # the tensors' own: not the process's tokenizers and objects
+    assert abs(tensors / measured - 1) <= TOLERANCE, (tensors, measured)
     # The activations really are the largest term here, so the check is of them, not of the weights.
     assert plan.activations > plan.weights + plan.optimizer
 
@@ -147,8 +157,136 @@ def test_the_rollout_peak_is_within_15_percent_of_the_measured_one(kind):
 
     measured = held(model, opt) + peak_while(rollout)
     plan = planned(cfg, "full", False)
-    assert abs(plan.rollout_peak / measured - 1) <= TOLERANCE, (plan.rollout_peak, measured)
+    tensors = plan.rollout_peak - plan.runtime
+    assert abs(tensors / measured - 1) <= TOLERANCE, (tensors, measured)
     assert max(plan.prefill, plan.kv) > plan.weights  # the rows' terms dominate
+
+
+# ------------------------------------------------------------------------------- real runs' RSS
+@pytest.fixture(scope="module")
+def measured_runs_files(tmp_path_factory):
+    """The 43M-parameter model and the team task of scripts/measure_memory_plan.py (its QUICK sizes)."""
+    work = tmp_path_factory.mktemp("memory_plan_runs")
+    return (measure_memory_plan.build_model(work / "model"),
+            measure_memory_plan.write_task(work / "task", measure_memory_plan.QUICK), work)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lora", "full", "fsdp", "bf16"])
+def test_a_real_runs_peak_memory_is_within_15_percent_of_its_plan(name, measured_runs_files):
+    """A two-step marl-llm run per configuration (fsdp: 2 gloo ranks, each measured), each
+    process's peak RSS growth against the plan the run prints. glibc's mmap threshold is kept at
+    its starting value (MALLOC_MMAP_THRESHOLD_=131072): with its defaults glibc keeps the freed
+    blocks of an update in its heap, and the peak RSS then runs up to ~15% above what the run
+    holds at once (results/memory_plan.md measures both)."""
+    model_dir, task_dir, work = measured_runs_files
+    run = measure_memory_plan.measure(name, model_dir, task_dir, work, measure_memory_plan.QUICK, rank_port(),
+                                      timeout=600)
+    assert len(run["measured"]) == (2 if name == "fsdp" else 1)
+    plan = run["plan"]
+    for rank in run["measured"]:
+        measured = measure_memory_plan.measured_peak(rank)
+        assert abs(plan["peak"] / measured - 1) <= TOLERANCE, (name, rank["rank"], plan, rank["peaks"])
+        # The run's own terms dominate what the interpreter adds (~60 MiB): a check of the plan, not of Python.
+        assert measured > 300 * 2**20 and {"rollout", "update"} <= rank["peaks"].keys()
+    if name == "fsdp":  # the root unit (embedding and tied head) gathered in the update: a term of its own
+        assert plan["update_transients"] > plan["activations"]
+
+
+# ------------------------------------------------------------------------ terms measured alone
+@pytest.mark.parametrize("trained", [False, True])
+def test_the_lm_heads_chunk_keeps_logit_buffers_of_its_logits(trained):
+    """models/scoring.py's chunked head, forward and backward with the entropy: its peak is
+    LOGIT_BUFFERS [rows, V] fp32 buffers (the plan's head term), within 10%."""
+    from marl_llm.distributed.memory_plan import LOGIT_BUFFERS
+    from marl_llm.models.scoring import TRAINED_HEAD_CHUNK_TOKENS, token_logprobs
+
+    V, H, rows = 4096, 64, TRAINED_HEAD_CHUNK_TOKENS  # a trained head's chunks are at least that many rows
+    head = torch.nn.Linear(H, V, bias=False)
+    head.weight.requires_grad_(trained)
+    states = torch.randn(1, 2 * rows, H, requires_grad=True)  # two chunks
+    targets, mask = torch.randint(0, V, (1, 2 * rows)), torch.ones(1, 2 * rows)
+
+    def score():
+        logp, entropy = token_logprobs(states, targets, mask, head, with_entropy=True, chunk_elements=rows * V)
+        logp.sum().backward()
+
+    gradient = V * H * 4 if trained else 0  # the head's own gradient, from the first chunk's backward
+    buffers = (peak_while(score) - gradient) / (rows * V * 4)
+    assert buffers == pytest.approx(LOGIT_BUFFERS, rel=0.1)
+
+
+def test_adamw_on_the_cpu_keeps_temporaries_of_its_largest_tensor():
+    """torch's AdamW on the CPU steps one tensor at a time: its step's peak is two temporaries of the
+    largest tensor, the first as a model's embedding is (the plan's CPU optimizer term), within 10%."""
+    from marl_llm.distributed.memory_plan import SINGLE_TENSOR_STEP_TEMPORARIES
+
+    params = [torch.nn.Parameter(torch.randn(2048, 256)), torch.nn.Parameter(torch.randn(512, 256))]
+    params += [torch.nn.Parameter(torch.randn(64, 64)) for _ in range(8)]
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()  # the moments exist
+    planned = SINGLE_TENSOR_STEP_TEMPORARIES * 2048 * 256 * 4
+    assert peak_while(opt.step) == pytest.approx(planned, rel=0.1)
+
+
+# ---------------------------------------------------------------------------- terms of a GPU
+def plan_8b(*overrides: str, gpus: int = 8, gib: float = 79.6, device: str = "cuda"):
+    from marl_llm.distributed.memory_plan import for_config
+
+    cfg = compose_config(["experiment=at_grpo_sokoban_qwen3_8b_paper", "run_dir=/tmp/p", *overrides])
+    return for_config(cfg, ("agent1", "agent2"), gpus, None if gib is None else int(gib * 2**30), device)
+
+
+def test_a_gpu_plan_counts_the_cuda_context_cublas_and_nccl_and_fsdps_root_unit():
+    from marl_llm.distributed import memory_plan as mp
+
+    eight = plan_8b()
+    assert eight.runtime == mp.CUDA_CONTEXT_BYTES + mp.CUBLAS_WORKSPACE_BYTES + mp.NCCL_BUFFER_BYTES
+    assert "CUDA context, cuBLAS, NCCL buffers" in "\n".join(eight.lines())
+    # NCCL's 588 MiB: 32 channels x 2 peers x (4 MiB SIMPLE + LL128 + LL) buffers.
+    assert mp.NCCL_BUFFER_BYTES / 2**20 == pytest.approx(588, abs=1)
+    one = plan_8b("trainer.fsdp=false", gpus=1)
+    assert one.runtime == mp.CUDA_CONTEXT_BYTES + mp.CUBLAS_WORKSPACE_BYTES  # one process: no NCCL
+    # Qwen3-8B's root unit (embedding and untied head, 1.24B parameters) gathered in bf16 and the head's
+    # unsharded bf16 gradient, beside the activations in the update.
+    arch = eight.arch
+    assert not arch.tied and arch.root_params == pytest.approx(1.245e9, rel=0.01)
+    assert eight.update_transients >= 2 * arch.root_params + 2 * arch.head_params
+    # On the CPU the process's own memory instead, and no GPU term.
+    cpu = plan_8b(gpus=8, gib=None, device="cpu")
+    assert cpu.runtime == mp.CPU_PROCESS_BYTES and "process (tokenizers, Python)" in "\n".join(cpu.lines())
+
+
+# ------------------------------------------------------------------- rows the KV budget trims
+def test_the_plan_trims_the_rows_as_the_runtimes_kv_budget_would_instead_of_refusing():
+    """Where only the rollout's KV cache does not fit, the run would not fail: the KV budget
+    (models/memory.kv_budget: 80% of the free memory) cuts each generate call's rows
+    (rollout/decode.kv_chunks). The plan cuts them the same way, says so, and fits."""
+    from marl_llm.distributed.memory_plan import GiB
+    from marl_llm.models.memory import CUDA_FREE_SHARE, kv_cache_bytes
+    from marl_llm.rollout.decode import kv_chunks
+
+    whole = plan_8b("trainer.sequences_per_generate=64", gib=1000)  # room for all 64 rows
+    assert whole.rows_per_call == 64 and not any("KV budget" in n for n in whole.notes)
+    trimmed = plan_8b("trainer.sequences_per_generate=64")
+    assert 1 < trimmed.rows_per_call < 64 and trimmed.fits
+    assert f"KV budget: {trimmed.rows_per_call} rows per generate call (trainer.sequences_per_generate=64)" \
+        in "\n".join(trimmed.lines())
+    # The runtime's own cut, with the budget of the memory the plan leaves free: the same rows.
+    w = trimmed.work
+    free = trimmed.gpu_bytes - trimmed.held - trimmed.rollout_weights
+    per_position = kv_cache_bytes(trimmed.arch.config, "bfloat16", 1)
+    chunks = kv_chunks([w.prompt_tokens] * 64, [w.new_tokens] * 64, 64, int(CUDA_FREE_SHARE * free) // per_position)
+    assert len(chunks[0]) == trimmed.rows_per_call
+    # An explicit budget (trainer.kv_cache_gib) cuts as it says.
+    explicit = plan_8b("trainer.kv_cache_gib=7")
+    assert explicit.rows_per_call == int(7 * GiB) // (per_position * (2 * w.prompt_tokens + w.new_tokens))
+    assert "trainer.kv_cache_gib=7" in "\n".join(explicit.lines())
+    # Where not even the weights leave room, nothing is trimmed away into a fit.
+    tiny_gpu = plan_8b(gib=40)
+    assert not tiny_gpu.fits and tiny_gpu.rows_per_call == 1 and not math.isnan(tiny_gpu.peak)
 
 
 # ------------------------------------------------------------------------------ the presets' models

@@ -71,11 +71,18 @@ LOGIT_BUFFERS = 5
 
 # --- The optimizer step. On the CPU torch steps AdamW one tensor at a time (its foreach kernels
 # are CUDA's): a tensor's step holds two temporaries of its size (the square root of the second
-# moment and the denominator made from it) while the previous tensor's denominator is still
-# referenced: the largest tensor twice and the next largest once (measured: 2.0x the largest of
-# mixed sizes, 3.0x the size of equal ones; tests/test_memory_plan.py). On CUDA AdamW is fused
+# moment and the denominator made from it): measured 2.0x the largest tensor (the embedding: the
+# first parameter, so no earlier tensor's denominator is still referenced beside it; equal tensors
+# in a row reach 3.0x their size). tests/test_memory_plan.py. On CUDA AdamW is fused
 # (models/policies.adamw_kwargs): one kernel, no temporaries.
 SINGLE_TENSOR_STEP_TEMPORARIES = 2
+
+# --- What a CPU run's process holds beyond its tensors, from the imports on: its tokenizers (the
+# tokenizers library's first load with SmolLM2's 49k-token vocabulary: 99 MiB of RSS, a second
+# tokenizer 13 MiB), the run's Python objects, the allocator's small blocks. Measured 57 MiB over
+# the tensors' own peak in the rollouts of scripts/measure_memory_plan.py's runs (results/
+# memory_plan.md); counted at 64 MiB per process. On a GPU this is host memory, not the GPU's.
+CPU_PROCESS_BYTES = 64 * MiB
 
 # --- What a CUDA process holds outside its tensors (counted only when the plan is for CUDA).
 # The CUDA context: PyTorch measured 287,047,680 bytes (274 MiB) with lazy module loading, against
@@ -254,7 +261,7 @@ class Plan:
     arch: Arch
     weights: int = 0
     optimizer: int = 0
-    runtime: int = 0  # the CUDA context, cuBLAS's workspaces, NCCL's buffers (a plan for CUDA only)
+    runtime: int = 0  # CUDA: its context, cuBLAS's workspaces, NCCL's buffers; the CPU: the process's own
     rollout_weights: int = 0  # gathered / cast copies while decoding
     gather: int = 0  # FSDP's all-gather of the largest unit at the rollout's start (before any KV cache)
     rows_per_call: int = 0  # rows a generate call decodes: trainer.sequences_per_generate, or what the KV budget holds
@@ -274,7 +281,7 @@ class Plan:
 
     @property
     def held(self) -> int:
-        """What both phases hold: weights, optimizer states, the process's CUDA runtime."""
+        """What both phases hold: weights, optimizer states, the process's runtime (CUDA's, or the CPU process's)."""
         return self.weights + self.optimizer + self.runtime
 
     @property
@@ -332,7 +339,8 @@ class Plan:
              f"{self.activations_other / GiB:.2f})", 0, update_extra),
         ]
         if self.runtime:
-            rows.append(("CUDA context, cuBLAS, NCCL buffers", self.runtime, self.runtime))
+            name = "CUDA context, cuBLAS, NCCL buffers" if w.device_type == "cuda" else "process (tokenizers, Python)"
+            rows.append((name, self.runtime, self.runtime))
         out = [head, f"  {'GiB':46s}{'rollout':>10s}{'update':>10s}"]
         out += [f"  {name:46s}{g(a):>10s}{g(b) if w.trains else '       -':>10s}" for name, a, b in rows]
         verdict = ("" if self.fits is None else " fits" if self.fits else
@@ -365,6 +373,8 @@ def estimate(a: Arch, w: Workload, lay: Layout, gpu_bytes: int | None = None) ->
         # Several processes talk through NCCL; placement=devices is one process over its GPUs.
         nccl = lay.ranks > 1 and lay.placement != "devices"
         p.runtime = CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES + (NCCL_BUFFER_BYTES if nccl else 0)
+    elif w.device_type == "cpu":
+        p.runtime = CPU_PROCESS_BYTES
     _plan_rollout(p, held)
     _plan_update(p, held)
     return p
@@ -478,35 +488,35 @@ def _plan_update(p: Plan, held: list[tuple[int, int]]) -> None:
     head = LOGIT_BUFFERS * 4 * rows * a.vocab
     beside = max(0, head - layer) if w.checkpointing else head
     whole_models_train = w.full or w.separate_critics > 0
-    # A trained head's gradient exists from its first chunk's backward on (a single chunk peaks before
-    # it): in the master dtype among the gradients, or unsharded in the compute dtype under FSDP.
-    head_grad = (c if sharded else m) * a.head_params if w.full else 0
-    gathered = end = 0
-    if sharded:
-        unit = c if whole_models_train else w.frozen_bytes  # what a unit is gathered in
-        # Two gathered layers (the one running and the next, prefetched) and one's gradient; the root
-        # unit (embeddings, final norm, head) stays gathered from the forward to the backward's end,
-        # and so does the head's unsharded gradient.
-        gathered = 3 * a.layer_params * unit + a.root_params * unit + (head_grad if w.full else 0)
-        if whole_models_train:
-            # The root is reduced last: its unsharded gradients are copied into the reduce-scatter's
-            # fp32 input (MixedPrecisionPolicy's reduce_dtype), beside them.
-            end = a.root_params * unit + 4 * a.root_params
-    beside += gathered - (head_grad if sharded and scored <= rows else 0)
-    if not sharded and scored > rows:
-        beside += head_grad
+    unit = c if whole_models_train else w.frozen_bytes  # what an FSDP unit is gathered in
+    # FSDP: two gathered layers (the one running and the next, prefetched) and one's gradient; the
+    # root unit (embeddings, final norm, head) stays gathered from the forward to the backward's end.
+    gathered = (3 * a.layer_params + a.root_params) * unit if sharded else 0
+    # A trained head's gradient exists from its first chunk's backward on (a single chunk peaks
+    # before it): unsharded in the compute dtype under FSDP, else among the gradients.
+    head_grad = (unit if sharded else m) * a.head_params if w.full else 0
+    beside += gathered + (head_grad if scored > rows else 0)
+    # Beside the gradients within the backward: the gathered units and FSDP's unsharded head gradient.
+    within = gathered + (head_grad if sharded else 0)
+    end = 0
+    if sharded and whole_models_train:
+        # The root is reduced last: its unsharded gradients are copied into the reduce-scatter's
+        # fp32 input (MixedPrecisionPolicy's reduce_dtype), beside them.
+        end = a.root_params * unit + 4 * a.root_params
     if w.checkpointing:
-        # Within the backward a recomputed layer, beside every kept input, FSDP's gathered units and
-        # the gradients so far (counted whole).
-        end = max(end, p.activations + gathered)
+        # A recomputed layer, beside every kept input and the gradients so far (counted whole).
+        end = max(end, p.activations + within)
+    if w.full and a.tied:
+        # The embedding's backward comes last: a dense [V, h] gradient, added to the head's into a
+        # new tensor (measured: a short micro-batch's update peaks at EmbeddingBackward's add).
+        end = max(end, within + 2 * (unit if sharded else m) * a.head_params)
     if not w.fused_optimizer:  # torch's AdamW on the CPU: one tensor at a time
         if whole_models_train:
             over = min((s for _, s in held), default=1)  # the fewest ranks a trained model is sharded over
-            # An untied head is a second tensor of the embedding's size; else a layer's largest matrix.
-            second = a.largest if not a.tied else max((i * o for i, o in a.linear_shapes.values()), default=0)
-            step = SINGLE_TENSOR_STEP_TEMPORARIES * math.ceil(a.largest / over) + math.ceil(second / over)
+            step = SINGLE_TENSOR_STEP_TEMPORARIES * math.ceil(a.largest / over)
         else:
-            step = (SINGLE_TENSOR_STEP_TEMPORARIES + 1) * w.adapter_params // max(1, a.layers)  # at most a layer's adapters
+            # An adapter tensor is at most one layer's adapters.
+            step = SINGLE_TENSOR_STEP_TEMPORARIES * w.adapter_params // max(1, a.layers)
         end = max(end, m * step)
     p.update_transients, p.after_backward = beside, end
 
