@@ -259,6 +259,27 @@ def test_a_gpu_plan_counts_the_cuda_context_cublas_and_nccl_and_fsdps_root_unit(
     assert cpu.runtime == mp.CPU_PROCESS_BYTES and "process (tokenizers, Python)" in "\n".join(cpu.lines())
 
 
+def test_the_compiled_decode_keeps_a_rounded_cache_per_model_through_the_rollout():
+    """trainer=gpu decodes with the compiled static step: each fully fine-tuned policy's model keeps
+    its cache, rounded up to its rows and capacity multiples, until the rollout phase ends
+    (rollout/static_step.py), so two policies hold two caches; the eager loop frees each call's."""
+    from marl_llm.distributed.memory_plan import for_config
+    from marl_llm.models.memory import kv_cache_bytes
+    from marl_llm.rollout.static_step import CAPACITY_MULTIPLE, ROW_MULTIPLE, round_up
+
+    def plan(*overrides: str):
+        cfg = compose_config(["experiment=magrpo_tldr_paper", "trainer=gpu", "trainer.sequences_per_generate=30",
+                              "plan.prompt_tokens=500", "run_dir=/tmp/p", *overrides])
+        return for_config(cfg, ("summarizer", "expander"), 1, 1000 * 2**30, "cuda")
+
+    compiled, eager = plan(), plan("trainer.compile_decode=false", "trainer.decode=dynamic")
+    assert compiled.work.compiled_decode and not eager.work.compiled_decode and compiled.work.policies == 2
+    per_position = kv_cache_bytes(compiled.arch.config, "bfloat16", 1)
+    positions = 500 + compiled.work.new_tokens
+    assert eager.kv == per_position * 30 * positions
+    assert compiled.kv == 2 * per_position * round_up(30, ROW_MULTIPLE) * round_up(positions, CAPACITY_MULTIPLE)
+
+
 # ------------------------------------------------------------------- rows the KV budget trims
 def test_the_plan_trims_the_rows_as_the_runtimes_kv_budget_would_instead_of_refusing():
     """Where only the rollout's KV cache does not fit, the run would not fail: the KV budget

@@ -25,7 +25,9 @@ trainer.master_weights=bf16; R: FSDP's root unit, the parameters outside the dec
                       KV cache of the rows a generate call decodes (models/memory.kv_cache_bytes:
                       rows x (prompt + new tokens)) and its [rows, V] fp32 logits (x2). The rows
                       are trainer.sequences_per_generate, or as many as the runtime's KV budget
-                      holds (rollout/decode.kv_chunks): the plan trims them as the run would.
+                      holds (rollout/decode.kv_chunks): the plan trims them as the run would. The
+                      compiled static decode (CUDA) rounds a cache up and each decoding model keeps
+                      its own until the rollout phase ends (rollout/static_step.py).
     update            the activations of one micro-batch, per token and layer 4h + 3q + 2q + 4i
                       (+ 2q + 2kv with Qwen3's q/k norms) elements (q = heads x head_dim; K/V are
                       repeated to q for attention), plus 3h outside the layers, over
@@ -231,6 +233,9 @@ class Workload:
     checkpointing: bool = False
     fused_optimizer: bool = False  # AdamW fused (CUDA): no temporaries in its step
     kv_cache_gib: float | None = None  # trainer.kv_cache_gib (None: auto, a share of the free memory)
+    # The compiled static decode step (trainer.decode / compile_decode on CUDA, rollout/decode.
+    # resolve_decode): its caches are rounded up and each model keeps its own until the rollout ends.
+    compiled_decode: bool = False
     trains: bool = True
     all_linear: bool = False  # LoRA on every linear layer (else on some: frozen ones keep no input)
     device_type: str = "cuda"  # where it computes
@@ -398,15 +403,25 @@ def _plan_rollout(p: Plan, held: list[tuple[int, int]]) -> None:
         p.gather = (c if w.full else w.frozen_bytes) * max(a.root_params, a.layer_params)
     elif w.full and c < w.master_bytes:
         p.rollout_weights = c * a.params  # autocast's cast copy of the decoding model
+    from marl_llm.rollout.static_step import CAPACITY_MULTIPLE, ROW_MULTIPLE, round_up
+
     compute = {2: torch.bfloat16, 4: torch.float32}[c]
     per_position = kv_cache_bytes(a.config, compute, 1)
     P, N = w.prompt_tokens, w.new_tokens
+    # The compiled step rounds a cache's rows and positions up; every decoding model (each fully
+    # fine-tuned policy) keeps its cache until the rollout phase ends (rollout/static_step.py).
+    positions, row_multiple, kept = P + N, 1, 1
+    if w.compiled_decode:
+        positions, row_multiple, kept = round_up(P + N, CAPACITY_MULTIPLE), ROW_MULTIPLE, w.policies if w.full else 1
     p.rows_per_call = w.rows
     budget = _kv_budget(p)
     if budget is not None:
         # rollout/decode.kv_chunks: a call of r rows caches r (P + N) positions, and r P more while
-        # the prefill's cache moves into the decode's.
-        fit = budget // (per_position * (2 * P + N))
+        # the prefill's cache moves into the decode's; with auto's share of the free memory, the
+        # other models' kept caches take from it first.
+        share = CUDA_FREE_SHARE if w.kv_cache_gib is None else 0.0
+        fit = int(budget // (per_position * ((P + positions) + share * (kept - 1) * positions)))
+        fit = fit // row_multiple * row_multiple
         if fit < w.rows:
             # A row over the budget still gets a call of its own (then the plan does not fit).
             p.rows_per_call = max(1, fit)
@@ -416,7 +431,7 @@ def _plan_rollout(p: Plan, held: list[tuple[int, int]]) -> None:
     rows = p.rows_per_call
     # Siblings share a prompt: the prefill runs on the distinct prompts, then copies their keys and values.
     prompts = math.ceil(rows / max(1, min(w.siblings, rows)))
-    p.kv = per_position * rows * (P + N)
+    p.kv = per_position * round_up(rows, row_multiple) * positions * kept
     p.decode = 2 * 4 * rows * a.vocab  # [rows, V] fp32 logits, and the sampler's copy
     p.prefill = prompts * P * (2 * a.layers * a.kv + 3 * a.intermediate + 2 * a.q + 2 * a.hidden) * c
 
@@ -583,10 +598,27 @@ def for_config(cfg: Any, agent_names: tuple[str, ...], gpus: int, gpu_bytes: int
         w.checkpointing = device_type == "cuda" and a.params >= 4e9
     lay = layout(cfg, gpus, w.policies)
     lay.shards = lay.shards + [lay.frozen_shards] * w.separate_critics
+    w.compiled_decode = compiled_decode(cfg, a, device_type, lay)
     plan = estimate(a, w, lay, gpu_bytes)
     if plan.fits is False:
         plan.notes += advice(cfg, agent_names, plan, device_type)
     return plan
+
+
+def compiled_decode(cfg: Any, a: Arch, device_type: str, lay: Layout) -> bool:
+    """Whether the run decodes with the compiled static step (rollout/decode.resolve_decode, for the
+    model's config: full attention in every layer)."""
+    from types import SimpleNamespace
+
+    from marl_llm.rollout.decode import resolve_decode
+    from marl_llm.rollout.static_step import full_attention_only
+
+    t = cfg.trainer
+    if t.get("rollout", "hf") != "hf":
+        return False
+    full = full_attention_only(SimpleNamespace(config=a.config))  # it reads a model's config
+    return all(resolve_decode(t.get("decode", "dynamic"), t.get("compile_decode", False), device_type, full,
+                              _sharded(lay)))
 
 
 def advice(cfg: Any, agent_names: tuple[str, ...], plan: Plan, device_type: str) -> list[str]:
@@ -609,6 +641,7 @@ def advice(cfg: Any, agent_names: tuple[str, ...], plan: Plan, device_type: str)
             w.checkpointing = device_type == "cuda" and plan.arch.params >= 4e9
         lay = layout(c, gpus, w.policies)
         lay.shards = lay.shards + [lay.frozen_shards] * w.separate_critics
+        w.compiled_decode = compiled_decode(c, plan.arch, device_type, lay)
         return bool(estimate(plan.arch, w, lay, plan.gpu_bytes).fits)
 
     t = cfg.trainer
