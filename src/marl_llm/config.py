@@ -326,7 +326,8 @@ class ClusterConfig:
 @dataclass
 class PlanConfig:
     """The memory plan (distributed/memory_plan.py; `marl-llm-plan`): the hardware a preset needs
-    (gpus, gpu_gib: marl-llm-plan's defaults 1 and 80; a run plans for its own processes and device,
+    (gpus, gpu_gib: marl-llm-plan's defaults 1 and 79.6, an "80 GB" H100's memory as torch reports it;
+    a run plans for its own processes and device,
     on the CPU against gpu_gib when set), the longest prompt it budgets for, and whether a run that
     does not fit stops."""
 

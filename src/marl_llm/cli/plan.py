@@ -1,11 +1,12 @@
 """The `marl-llm-plan` console script: the memory plan of a config before launch, per GPU.
 
     marl-llm-plan experiment=at_grpo_sokoban_qwen3_8b_paper                 # the GPUs the preset states
-    marl-llm-plan experiment=magrpo_humaneval_paper plan.gpus=8 plan.gpu_gib=80 trainer.fsdp=true
+    marl-llm-plan experiment=magrpo_humaneval_paper plan.gpus=8 plan.gpu_gib=79.6 trainer.fsdp=true
     marl-llm-plan algo=collm_cc task=tldr model=qwen3_1_7b plan.gpus=1 plan.gpu_gib=24
 
 The overrides are marl-llm's (the same config, composed and checked the same way); `plan.gpus`
-GPUs (default 1) of `plan.gpu_gib` GiB (default 80) are planned for, computing on CUDA (bf16,
+GPUs (default 1) of `plan.gpu_gib` GiB (default 79.6: an "80 GB" H100's 81,559 MiB, what torch
+reports as its total memory; an A100 80GB reports 80) are planned for, computing on CUDA (bf16,
 fused AdamW), as the run there would. Prints the peak per GPU, term by term (distributed/memory_plan.py),
 whether it fits and, if not, what to change; exits 1 when it does not fit, 2 on bad input. Loads
 no weights: the model's config alone (a preset model's published shapes offline).
@@ -20,7 +21,9 @@ from omegaconf import OmegaConf, open_dict
 from marl_llm.config import UserError
 
 DEFAULT_GPUS = 1
-DEFAULT_GPU_GIB = 80.0
+# An "80 GB" H100 as torch.cuda.get_device_properties(...).total_memory and nvidia-smi report it:
+# 81,559 MiB (NVML), 79.65 GiB; the product's "80 GB" is not what a run can allocate.
+DEFAULT_GPU_GIB = 79.6
 
 
 def plan_lines(overrides: list[str]) -> tuple[list[str], bool]:
