@@ -111,7 +111,7 @@ def build(kind: str, mode: str, checkpointing: bool):
 
 
 def planned(cfg, mode: str, checkpointing: bool):
-    from marl_llm.distributed import memory_plan as mp
+    from marl_llm.distributed import memory_terms as mp
 
     a = mp.arch(cfg)
     targets = ["q_proj", "v_proj"] if mode == "lora" else ["all-linear"]
@@ -198,7 +198,7 @@ def test_a_real_runs_peak_memory_is_within_15_percent_of_its_plan(name, measured
 def test_the_lm_heads_chunk_keeps_logit_buffers_of_its_logits(trained):
     """models/scoring.py's chunked head, forward and backward with the entropy: its peak is
     LOGIT_BUFFERS [rows, V] fp32 buffers (the plan's head term), within 10%."""
-    from marl_llm.distributed.memory_plan import LOGIT_BUFFERS
+    from marl_llm.distributed.memory_terms import LOGIT_BUFFERS
     from marl_llm.models.scoring import TRAINED_HEAD_CHUNK_TOKENS, token_logprobs
 
     V, H, rows = 4096, 64, TRAINED_HEAD_CHUNK_TOKENS  # a trained head's chunks are at least that many rows
@@ -219,7 +219,7 @@ def test_the_lm_heads_chunk_keeps_logit_buffers_of_its_logits(trained):
 def test_adamw_on_the_cpu_keeps_temporaries_of_its_largest_tensor():
     """torch's AdamW on the CPU steps one tensor at a time: its step's peak is two temporaries of the
     largest tensor, the first as a model's embedding is (the plan's CPU optimizer term), within 10%."""
-    from marl_llm.distributed.memory_plan import SINGLE_TENSOR_STEP_TEMPORARIES
+    from marl_llm.distributed.memory_terms import SINGLE_TENSOR_STEP_TEMPORARIES
 
     params = [torch.nn.Parameter(torch.randn(2048, 256)), torch.nn.Parameter(torch.randn(512, 256))]
     params += [torch.nn.Parameter(torch.randn(64, 64)) for _ in range(8)]
@@ -240,7 +240,7 @@ def plan_8b(*overrides: str, gpus: int = 8, gib: float = 79.6, device: str = "cu
 
 
 def test_a_gpu_plan_counts_the_cuda_context_cublas_and_nccl_and_fsdps_root_unit():
-    from marl_llm.distributed import memory_plan as mp
+    from marl_llm.distributed import memory_terms as mp
 
     eight = plan_8b()
     assert eight.runtime == mp.CUDA_CONTEXT_BYTES + mp.CUBLAS_WORKSPACE_BYTES + mp.NCCL_BUFFER_BYTES
@@ -285,7 +285,7 @@ def test_the_plan_trims_the_rows_as_the_runtimes_kv_budget_would_instead_of_refu
     """Where only the rollout's KV cache does not fit, the run would not fail: the KV budget
     (models/memory.kv_budget: 80% of the free memory) cuts each generate call's rows
     (rollout/decode.kv_chunks). The plan cuts them the same way, says so, and fits."""
-    from marl_llm.distributed.memory_plan import GiB
+    from marl_llm.distributed.memory_terms import GiB
     from marl_llm.models.memory import CUDA_FREE_SHARE, kv_cache_bytes
     from marl_llm.rollout.decode import kv_chunks
 
@@ -316,7 +316,7 @@ def test_the_plan_trims_the_rows_as_the_runtimes_kv_budget_would_instead_of_refu
 def test_the_presets_models_have_their_published_sizes(hub_id, billions):
     from omegaconf import OmegaConf
 
-    from marl_llm.distributed import memory_plan as mp
+    from marl_llm.distributed import memory_terms as mp
 
     cfg = mp.model_config(OmegaConf.create(dict(path=None, embedded=False, hub_id=hub_id, agent_bases=None)))
     assert mp.arch(cfg).params / 1e9 == pytest.approx(billions, rel=0.01)
@@ -324,7 +324,7 @@ def test_the_presets_models_have_their_published_sizes(hub_id, billions):
 
 def test_the_known_shapes_agree_with_the_gpu_benchmarks():
     from marl_llm.bench.gpu import ARCHS
-    from marl_llm.distributed.memory_plan import KNOWN_CONFIGS
+    from marl_llm.distributed.memory_terms import KNOWN_CONFIGS
 
     known = KNOWN_CONFIGS["Qwen/Qwen2.5-Coder-3B"]
     assert {k: v for k, v in ARCHS["qwen2.5-3b"].items()} == {k: known[k] for k in ARCHS["qwen2.5-3b"]}
