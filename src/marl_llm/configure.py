@@ -266,6 +266,8 @@ def group_choice_error(args: list[str]) -> str | None:
             if close:
                 others = f" (or {', '.join(close[1:])})" if len(close) > 1 else ""
                 hint = f"did you mean {group}={close[0]}{others}?"
+                if len(public) <= 12:  # a short list is shown whole
+                    hint += f" The options are {', '.join(public)}"
             elif len(public) <= 12:
                 hint = f"the options are {', '.join(public)}"
             else:
