@@ -216,6 +216,7 @@ def grammar_error(args: list[str]) -> str | None:
 
 
 def _hydra_reason(override: str) -> str:
+    """Why Hydra's grammar cannot read `override` (its parser's first line), "" when it can."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
@@ -247,13 +248,7 @@ def exclusive_flags_error(args: list[str]) -> str | None:
 
 
 def _hydra_reads(override: str) -> bool:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        OverridesParser.create().parse_override(override)
-        return True
-    except Exception:  # noqa: BLE001  (any parse error)
-        return False
+    return not _hydra_reason(override)
 
 
 def _uncreatable(path: Path) -> str | None:

@@ -132,6 +132,13 @@ def save_checkpoint(run_dir: Path, cfg: DictConfig, policies: AgentPolicies, ste
     return path
 
 
+def refused_global(err: pickle.UnpicklingError) -> str:
+    """The global that torch.load(weights_only=True) refused to run, by its dotted name ("code"
+    where its message names none)."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(err))
+    return found.group(1) if found else "code"
+
+
 def load_plain(path: Path, what: str = "it") -> tuple[Any, str]:
     """(what the torch.save file holds, "") or (None, why it cannot be used). Tensors and plain data
     only: unpickling anything else could run code planted in the file. Older checkpoints hold
@@ -140,8 +147,7 @@ def load_plain(path: Path, what: str = "it") -> tuple[Any, str]:
         with torch.serialization.safe_globals(NUMPY_ARRAY_GLOBALS):
             return torch.load(path, map_location="cpu", weights_only=True), ""
     except pickle.UnpicklingError as err:
-        found = re.search(r"GLOBAL ([\w.]+)", str(err))
-        return None, (f"not plain data ({what} would run {found.group(1) if found else 'code'} when loaded; marl-llm "
+        return None, (f"not plain data ({what} would run {refused_global(err)} when loaded; marl-llm "
                       "loads only tensors and plain data)")
     except Exception as err:  # noqa: BLE001  (a truncated zip, garbage bytes, ...)
         return None, f"unreadable ({'' if what == 'it' else what + ': '}{type(err).__name__}: {str(err)[:120]})"

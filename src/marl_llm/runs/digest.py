@@ -36,7 +36,11 @@ _MAX_RECORD = 1 << 20  # a record of a few thousand shards is ~100 KB; a bigger 
 
 
 class Unverified(ValueError):
-    """A file's digest record is missing, unreadable or malformed: the message says which."""
+    """A file's digest record is missing (`missing`), unreadable or malformed: the message says which."""
+
+    def __init__(self, why: str, missing: bool = False):
+        super().__init__(why)
+        self.missing = missing
 
 
 def sidecar(path: Path) -> Path:
@@ -76,7 +80,7 @@ def read_sums(path: Path) -> dict[str, str]:
         with open(path, "rb") as f:
             data = f.read(_MAX_RECORD + 1)
     except FileNotFoundError:
-        raise Unverified(f"no {name}") from None
+        raise Unverified(f"no {name}", missing=True) from None
     except OSError as err:
         raise Unverified(f"{name} is unreadable ({err.strerror})") from None
     try:
@@ -102,7 +106,7 @@ def recorded(path: Path) -> str | None:
     try:
         digests = read_sums(sidecar(path))
     except Unverified as err:
-        if str(err) == f"no {sidecar(path).name}":
+        if err.missing:
             return None
         raise
     if list(digests) != [Path(path).name]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import io
 import pickle
-import re
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -125,9 +124,10 @@ def refused_global(err: BaseException) -> str | None:
     """The global that a value of a failed DCP load would have run (what torch.load(weights_only=True)
     refused, by name, or "code"), or None when the load failed otherwise. DCP gathers every
     rank's failure into a CheckpointException."""
+    from marl_llm.runs.checkpoint import refused_global as refused
+
     failures = getattr(err, "failures", None) or {}
     for failure, _trace in failures.values():
         if isinstance(failure, pickle.UnpicklingError):
-            found = re.search(r"GLOBAL ([\w.]+)", str(failure))
-            return found.group(1) if found else "code"
+            return refused(failure)
     return None

@@ -143,7 +143,7 @@ def _check_sharded(directory: Path) -> tuple[dict[str, Any] | None, str]:
         sums = digest.read_sums(directory / digest.SUMS)
     except digest.Unverified as err:
         return None, (f"unverified (no {digest.SUMS}: a checkpoint is loaded only with its digests)"
-                      if str(err) == f"no {digest.SUMS}" else f"unverifiable ({err})")
+                      if err.missing else f"unverifiable ({err})")
     lacking = [name for name in (META, DCP_METADATA) if name not in sums]
     if lacking:
         return None, f"unverifiable ({digest.SUMS} lists no {', '.join(lacking)})"
