@@ -27,7 +27,6 @@ _EXIT_GRACE_S = 0.25  # after the judge exits, how long to wait for the candidat
 # at up to _PIPE_BYTES / _DRAIN_EVERY_S (the pipe's size, 1 MiB where the kernel allows it).
 _DRAIN_EVERY_S = 0.05
 _PIPE_BYTES = 1 << 20
-_F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Python 3.10+ names it; Linux)
 
 
 @dataclass
@@ -250,9 +249,12 @@ def _pipe_size(fds: list[int]) -> None:
     held to less by /proc/sys/fs/pipe-user-pages-soft; the default 64 KiB then)."""
     import fcntl
 
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
+    if set_size is None:
+        return
     for fd in fds:
         try:
-            fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", _F_SETPIPE_SZ), _PIPE_BYTES)
+            fcntl.fcntl(fd, set_size, _PIPE_BYTES)
         except OSError:
             pass
 
