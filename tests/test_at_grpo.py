@@ -236,7 +236,7 @@ def test_at_grpo_end_to_end_on_the_grid_games(tiny_model_dir, tmp_path, task):
     rows = run_train(tiny_model_dir, tmp_path, task, "task.max_turns=2", "task.num_eval_levels=2")
     train_row = next(r for r in rows if "train/reward" in r)
     assert train_row["train/groups"] >= 2 * 2 and "train/success_rate" in train_row
-    assert "train/tool/reward" in train_row and "train/turn_1/reward" in train_row
+    assert "train/tool/reward_mixed" in train_row and "train/turn_1/reward" in train_row
     evals = [r for r in rows if "eval/success_rate" in r]
     assert len(evals) == 2 and all(0.0 <= r["eval/success_rate"] <= 1.0 for r in evals)
 
@@ -315,3 +315,73 @@ def test_bad_roles_name_the_fix():
     cfg = compose_config(["task=sokoban", "task.roles=[plan,coder]", "run_dir=/tmp/x"]).task
     with pytest.raises(UserError, match=r"task.roles=\['plan', 'coder'\]: use \[tool, plan\]"):
         build_task(cfg)
+
+
+# ---------------------------------------------------------------------- what the metrics mean
+class OwnRewardTask:
+    """Two agents answer digits; the team reward is their sum / 10, and each agent has its own
+    reward (task=env's role rewards): +1 for the first agent, -1 for the second."""
+
+    agent_names = ("a", "b")
+    num_agents = 2
+    name = "own_reward"
+    reward_shift = -4.0  # AT-GRPO's scores never see it; the team reward is logged unshifted
+
+    def initial_prompts(self, problem):
+        return [f"{problem.uid} a", f"{problem.uid} b"]
+
+    def history_rewards(self, problems, histories):
+        from marl_llm.tasks.base import JointReward
+
+        return [JointReward(sum(int(agent[-1].action) for agent in hist) / 10, local=[1.0, -1.0]) for hist in histories]
+
+    def next_prompts(self, problem, histories, reward):
+        return [f"{problem.uid} again a", f"{problem.uid} again b"]
+
+
+def metrics_of(task, texts, *overrides):
+    from types import SimpleNamespace
+
+    algo = ATGRPO(compose_config(["algo=at_grpo", *overrides]).algo, task, SimpleNamespace(seed=0),
+                  SimpleNamespace(generate=fake_generate(texts)))
+    tree = algo.collect(task.load_split("train")[:1] if hasattr(task, "load_split") else [Problem("p", {})])
+    return tree, algo.rollout_metrics(tree)
+
+
+def test_train_reward_is_the_team_reward_and_the_mixed_scores_have_their_own_names():
+    """Issue 44: train/reward read alpha x team + own (-0.75 where the team reward was 0.25) and was
+    plotted beside MAGRPO's team reward. Now reward, its std, per turn and joint_actions are MAGRPO's
+    (reward_metrics of the same tree) and the candidates' scores are <...>/reward_mixed."""
+    from marl_llm.training.rollout_metrics import reward_metrics
+
+    task = OwnRewardTask()
+    tree, m = metrics_of(task, lambda r, j: str(j % 3), "algo.alpha=0.5", "algo.num_branches=3", "algo.num_turns=2")
+    team = [n.reward.total for n in tree.nodes()]
+    assert len(team) == 6 and m["joint_actions"] == 6.0  # 3 joint actions per turn, the best one continued
+    magrpo = reward_metrics(tree, task.reward_shift)
+    for key in ("reward", "reward_std", "turn_1/reward", "turn_2/reward", "frac_reward_zero_std", "joint_actions"):
+        assert m[key] == pytest.approx(magrpo[key]), key
+    assert m["reward"] == pytest.approx(sum(team) / 6) and "reward_shifted" not in m
+    a = [0.5 * r + 1.0 for r in team]
+    b = [0.5 * r - 1.0 for r in team]
+    assert m["a/reward_mixed"] == pytest.approx(sum(a) / 6) and m["b/reward_mixed"] == pytest.approx(sum(b) / 6)
+    assert m["reward_mixed"] == pytest.approx((sum(a) + sum(b)) / 12) != pytest.approx(m["reward"])
+    assert m["turn_2/reward_mixed"] == pytest.approx(sum(0.5 * n.reward.total for n in tree.turns[1]) / 3)
+    assert not any(k.endswith("/reward") and k.split("/")[0] in task.agent_names for k in m)
+
+
+def test_turn_based_train_reward_is_the_committed_joint_actions_reward_whatever_alpha():
+    """On a turn-based task the logged joint action's reward is the agents' summed team + own
+    rewards, as MAGRPO's episode tree and the evaluation score it, not the alpha-mixed scores; each
+    (env, turn) stands for K joint actions' generations; no sibling groups, so no
+    frac_reward_zero_std."""
+    task = type("Unshifted", (CounterTask,), {"reward_shift": 0.0})(target=4, max_turns=2)
+    tree, m = metrics_of(task, lambda r, j: str(1 + j % 3), "algo.alpha=3.0", "algo.num_branches=3")
+    # a's candidates 1, 2, 3 (own: -0.3, -0.2, -0.1): 3 committed; b's reach 4, 5, 6, each solving
+    # (team 1, scored 3 x 1 + own: 3.0, 2.9, 2.8): 1 committed. The joint action: (0 - 0.1) + (1 + 0).
+    [[node]] = tree.turns
+    assert node.reward.total == pytest.approx(0.9) and m["reward"] == pytest.approx(0.9)
+    assert m["joint_actions"] == 3  # K=3 joint actions' generations for the one (env, turn)
+    assert "frac_reward_zero_std" not in m and m["frac_reward_mixed_zero_std"] == 0.0
+    mixed = [x for g in tree.groups for x in g.scores]
+    assert m["reward_mixed"] == pytest.approx(sum(mixed) / len(mixed))

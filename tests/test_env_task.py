@@ -169,7 +169,7 @@ def test_an_environment_trains_with_every_algorithm_family(algo, extra, tiny_mod
         assert first == 4 and second <= 4
         # role rewards: each agent's candidates score alpha * team + its own reward (the guesser's +10,
         # each agent's closeness in [0, 1]; the team reward is the same for both)
-        assert 9.0 <= train["train/guesser/reward"] - train["train/helper/reward"] <= 11.0
+        assert 9.0 <= train["train/guesser/reward_mixed"] - train["train/helper/reward_mixed"] <= 11.0
     else:  # one trajectory per environment
         assert first == 2 and second <= 2
 

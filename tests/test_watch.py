@@ -204,12 +204,14 @@ def test_the_status_follows_the_work_events():
 
 
 def test_the_step_line_shows_what_a_researcher_watches():
-    metrics = {"reward": 0.5, "tool/reward": 0.75, "plan/reward": 0.25, "reward_std": 0.1, "frac_reward_zero_std": 0.5,
-               "loss": 0.0, "grad_norm": 0.12, "entropy": 1.5, "completions/mean_length": 40.0, "step_time": 12.0}
+    # AT-GRPO: the team reward, then each agent's candidate scores (alpha x team + own) and their groups' signal
+    metrics = {"reward": 0.5, "tool/reward_mixed": 0.75, "plan/reward_mixed": 0.25, "reward_std": 0.1,
+               "frac_reward_zero_std": 0.5, "frac_reward_mixed_zero_std": 0.25, "loss": 0.0, "grad_norm": 0.12,
+               "entropy": 1.5, "completions/mean_length": 40.0, "step_time": 12.0}
     line = step_line(3, 10, metrics, ["tool", "plan"], tokens_per_s=41.25, eta_s=84.0)
-    assert line == ("step 3/10: reward=0.5  tool/reward=0.75  plan/reward=0.25  reward_std=0.1  "
-                    "frac_reward_zero_std=0.5  grad_norm=0.12  entropy=1.5  completions/mean_length=40  "
-                    "tokens/s=41.25  step_time=12  eta=1m24s")
+    assert line == ("step 3/10: reward=0.5  tool/reward_mixed=0.75  plan/reward_mixed=0.25  reward_std=0.1  "
+                    "frac_reward_zero_std=0.5  frac_reward_mixed_zero_std=0.25  grad_norm=0.12  entropy=1.5  "
+                    "completions/mean_length=40  tokens/s=41.25  step_time=12  eta=1m24s")
     assert step_line(10, 10, metrics, [], None, 0.0).endswith("step_time=12")  # the last step: no ETA
 
 

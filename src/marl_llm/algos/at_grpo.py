@@ -46,7 +46,7 @@ from marl_llm.algos.update import UpdateSettings, policy_update
 from marl_llm.algos.schemas import ATGRPOConfig  # the schema (and its checks) lives with the light ones
 from marl_llm.distributed.data_parallel import all_sum
 from marl_llm.training.episodes import JointNode, JointTree, collect_tree
-from marl_llm.training.rollout_metrics import level_metrics
+from marl_llm.training.rollout_metrics import reward_metrics
 from marl_llm.tasks.base import JointReward, Problem
 from marl_llm.tasks.turn_based import CandidateGroup, TurnTask, env_key, run_episodes
 
@@ -147,9 +147,15 @@ class ATGRPO(Algorithm):
     supports_turn_tasks = True
 
     def rollout_metrics(self, tree: ATTree) -> dict[str, float]:
-        """What the advantages see: every candidate's score (alpha * team + local), by agent and
-        turn; frac_reward_zero_std over the (env, agent, turn) groups; the committed path's
-        success rate and levels."""
+        """The team reward under the names every algorithm logs it by (reward, reward_std,
+        turn_<t>/reward, joint_actions, frac_reward_zero_std, rewards/<level>/...: reward_metrics),
+        so a report sets AT-GRPO beside MAGRPO on one axis; what the advantages see, every
+        candidate's score alpha * team + own, under names of its own: reward_mixed,
+        reward_mixed_std, <agent>/reward_mixed, turn_<t>/reward_mixed and
+        frac_reward_mixed_zero_std over the (env, agent, turn) groups; the committed path's success
+        rate. Turn-based tasks: the team reward is each committed joint action's (the agents'
+        summed team + own rewards, as MAGRPO and the evaluation score one); there are no sibling
+        groups, and each (env, turn) stands for K joint actions' generations."""
         def mean(xs: list[float]) -> float:
             return sum(xs) / len(xs) if xs else 0.0
 
@@ -157,17 +163,21 @@ class ATGRPO(Algorithm):
             m = mean(xs)
             return (sum((x - m) ** 2 for x in xs) / len(xs)) ** 0.5 if xs else 0.0
 
+        out = reward_metrics(tree, self.task.reward_shift)
+        out.pop("reward_shifted")  # AT-GRPO's advantages see the mixed scores, never the shift
+        if isinstance(self.task, TurnTask):  # the committed path: one joint action per parent
+            out.pop("frac_reward_zero_std")
+            out["joint_actions"] = sum(len(g.scores) for g in tree.groups) / self.task.num_agents
         scores = [x for g in tree.groups for x in g.scores]
-        out = {"reward": mean(scores), "reward_std": std(scores),
-               "frac_reward_zero_std": mean([float(max(g.scores) == min(g.scores)) for g in tree.groups])}
+        out.update({"reward_mixed": mean(scores), "reward_mixed_std": std(scores),
+                    "frac_reward_mixed_zero_std": mean([float(max(g.scores) == min(g.scores)) for g in tree.groups])})
         for i, name in enumerate(self.task.agent_names):
-            out[f"{name}/reward"] = mean([x for g in tree.groups if g.key[1] == i for x in g.scores])
+            out[f"{name}/reward_mixed"] = mean([x for g in tree.groups if g.key[1] == i for x in g.scores])
         for t in sorted({g.key[2] for g in tree.groups}):
-            out[f"turn_{t + 1}/reward"] = mean([x for g in tree.groups if g.key[2] == t for x in g.scores])
+            out[f"turn_{t + 1}/reward_mixed"] = mean([x for g in tree.groups if g.key[2] == t for x in g.scores])
         final = [n for n in tree.nodes() if n.terminated]
         if final and all(n.reward.passed is not None for n in final):
             out[self.task.success_metric] = mean([float(bool(n.reward.passed)) for n in final])
-        out.update(level_metrics(final))
         out["groups"] = float(len(tree.groups))
         out["groups_kept"] = float(len(self.kept_groups(tree)))
         return out

@@ -201,7 +201,9 @@ def run_episodes(task: TurnTask, generate: Callable[[list[GenRequest]], list[Com
 
     select: "best" (greedy continuation from the highest-scoring candidate, ties to the first)
     or "random". Returns the committed path as a JointTree (node = one env's turn; reward.total =
-    the turn's summed scores, reward.passed = solved when the episode ended) and the groups.
+    the joint action's reward as collect_episode_tree and the evaluation score it, the agents'
+    summed team + own rewards whatever alpha; reward.passed = solved when the episode ended) and
+    the groups (the candidates' scores, alpha * team + own).
     """
     if select not in ("best", "random"):
         raise ValueError(f"select={select!r}: expected best or random")
@@ -234,7 +236,7 @@ def run_episodes(task: TurnTask, generate: Callable[[list[GenRequest]], list[Com
                                              [{"team": alpha * o.team, "local": o.local} for o in outcomes]))
                 episodes[b].commit(i, outcomes[c])
                 chosen[b].append(comps[c])
-                scores[b] += values[c]
+                scores[b] += outcomes[c].score(1.0)
         nodes = []
         for b in active:
             episodes[b].end_turn()

@@ -261,8 +261,9 @@ def step_line(step: int, max_steps: int, metrics: dict[str, float], agents: list
     on-policy step the ratio is 1 in value, so the loss's value is only minus the length-weighted
     mean advantage (0 for a group's zero-sum advantages over completions of one length); its
     gradient is what moves the policies, so grad_norm stands for it."""
-    keys = ("reward", *(f"{a}/reward" for a in agents), "reward_std", "frac_reward_zero_std", "pass@1",
-            "success_rate", "grad_norm", "entropy", "completions/mean_length")
+    # reward: the team's, under every algorithm; <agent>/reward_mixed: AT-GRPO's candidate scores.
+    keys = ("reward", *(f"{a}/reward_mixed" for a in agents), "reward_std", "frac_reward_zero_std",
+            "frac_reward_mixed_zero_std", "pass@1", "success_rate", "grad_norm", "entropy", "completions/mean_length")
     line = f"step {step}/{max_steps}: {format_metrics(metrics, keys)}"
     if tokens_per_s:
         line += f"  tokens/s={tokens_per_s:.4g}"
