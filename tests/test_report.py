@@ -624,3 +624,95 @@ def test_final_chart_puts_each_group_on_its_own_row_with_its_interval(tmp_path, 
     assert sorted(by_y.values()) == sorted((h["ci_low"], h["ci_high"]) for h in heads)
     assert [t.get_text() for t in axes.get_yticklabels()] == [f"{m} (n=3, ? eval problems)"
                                                               for m in reversed(agg["methods"])]
+
+
+# ------------------------------------------------------------------- issue 44: labels, colours, order, metric
+def test_long_labels_keep_the_figures_small_and_the_legend_off_the_curves(tmp_path, monkeypatch):
+    """Four runs differing in 35 keys gave a 1881-px-wide chart with the legend over the curves
+    ("Tight layout not applied"): the labels are wrapped to a few short lines, the legend sits
+    beside the axes and the figures keep a sane size."""
+    import warnings
+
+    from PIL import Image
+
+    from marl_llm.report import plots
+
+    root = tmp_path / "runs"
+    for g in range(4):
+        knobs = {f"knob_{k:02d}_with_a_long_name": g * 100 + k for k in range(35)}
+        make_run(root, f"g{g}", algo="magrpo", seed=0, train={1: 0.1 * g, 2: 0.2 * g},
+                 evals={0: {"reward": 0.1}, 2: {"reward": 0.2 * g}}, config={"algo": knobs})
+    boxes = {}
+    real_save = plots._save_fig
+
+    def save(fig, path):
+        fig.canvas.draw()
+        ax, renderer = fig.axes[0], fig.canvas.get_renderer()
+        legend = ax.get_legend()
+        boxes[path.name] = (ax.get_window_extent(renderer), legend and legend.get_window_extent(renderer),
+                            [t.get_text() for t in (legend.get_texts() if legend else ax.get_yticklabels())])
+        real_save(fig, path)
+
+    monkeypatch.setattr(plots, "_save_fig", save)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        written = write_report(find_runs([root]), tmp_path / "out")
+    assert not [w for w in caught if "ight layout" in str(w.message)]
+    pngs = {p.name: Image.open(p).size for p in written if p.suffix == ".png"}
+    assert set(pngs) == {"tldr_train_reward.png", "tldr_eval_reward.png", "tldr_final.png"}
+    assert all(w <= 1300 and h <= 900 for w, h in pngs.values()), pngs
+    for name in ("tldr_train_reward.png", "tldr_eval_reward.png"):
+        axes_box, legend_box, texts = boxes[name]
+        assert legend_box.x0 >= axes_box.x1, name  # beside the curves, not over them
+        assert len(texts) == 4 and all(t.count("\n") <= 2 and "+" in t for t in texts), texts
+        assert len(set(texts)) == 4 and all(len(line) <= 48 for t in texts for line in t.splitlines())
+    rows = [t for t in boxes["tldr_final.png"][2] if t]
+    assert len(rows) == 4 and all(t.count("\n") <= 3 and t.endswith("(n=1, ? eval problems)") for t in rows)
+
+
+def test_colours_never_repeat_and_rows_sort_by_number(tmp_path, axes):
+    """Twelve groups: twelve colours (tab10 ran out and hashed labels collided); the rows of a
+    learning-rate sweep in numeric order (as text, 0.0001 sorted before 1e-05)."""
+    root = tmp_path / "runs"
+    rates = [10.0 ** -k for k in range(1, 13)]
+    for lr in rates:
+        make_run(root, f"lr{lr}", algo="magrpo", seed=0, evals={0: {"reward": 0.5}, 5: {"reward": lr}},
+                 config={"algo": {"learning_rate": lr}})
+    agg = aggregate(find_runs([root]))["tldr"]
+    assert list(agg["methods"]) == [f"magrpo learning_rate={lr}" for lr in sorted(rates)]
+    draw_eval_reward(axes, agg)
+    colors = _legend_colors(axes)
+    assert len(colors) == 12 and len(set(colors.values())) == 12
+
+
+def test_metric_chooses_the_headline_and_a_wrong_one_is_one_line(tmp_path, capsys):
+    root = tmp_path / "runs"
+    build_tldr(root)
+    out = tmp_path / "out"
+    assert main([str(root), "--out", str(out), "--metric", "structure"]) == 0
+    header = next(line for line in (out / "tldr.md").read_text().splitlines() if line.startswith("| method"))
+    assert "| structure IQM [95% CI] | eval problems | structure | eval/reward | style |" in header
+    agg = aggregate(find_runs([root]), metric="eval/rewards/structure/mean")["tldr"]
+    assert agg["headline"] == "eval/rewards/structure/mean"
+    assert agg["methods"]["magrpo"]["headline"]["values"] == [0.4, 0.6]
+    capsys.readouterr()
+    assert main([str(root), "--out", str(tmp_path / "bad"), "--metric", "pass@9"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --metric pass@9: no run's final evaluation has it; choose one of ")
+    assert "reward" in err[-1] and "Traceback" not in "".join(err) and not (tmp_path / "bad").exists()
+
+
+def test_old_at_grpo_runs_stay_off_the_team_reward_axis(tmp_path, capsys):
+    """Before issue 44 AT-GRPO logged its alpha x team + own scores as train/reward: such a run is
+    left out of the training-reward curve, with a warning; a run that logs train/reward_mixed is
+    plotted with MAGRPO's."""
+    root = tmp_path / "runs"
+    old = make_run(root, "old", algo="at_grpo", seed=0, train={1: -0.75}, evals={1: {"reward": 0.25}})
+    new = make_run(root, "new", algo="at_grpo", seed=1, train={1: 0.25}, evals={1: {"reward": 0.25}},
+                   config={"algo": {"alpha": 2.0}})
+    with (new / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 1, "train/reward_mixed": -0.75}) + "\n")
+    agg = aggregate(find_runs([root]))["tldr"]
+    curves = {label: m["train_curve"] for label, m in agg["methods"].items()}
+    assert curves == {"at_grpo alpha=2.0": [{"step": 1, "mean": 0.25, "std": None, "count": 1}], "at_grpo": []}
+    assert any("train/reward as AT-GRPO's alpha x team + own scores" in w and "old" in w for w in agg["warnings"])

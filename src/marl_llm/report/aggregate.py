@@ -8,6 +8,7 @@ import re
 from collections import defaultdict
 from typing import Any, Sequence
 
+from marl_llm.config import UserError
 from marl_llm.report.grouping import ABSENT, canon, group_runs
 from marl_llm.report.runs import Run, warn
 from marl_llm.report.stats import iqm, mean_std, stratified_bootstrap_ci
@@ -84,8 +85,23 @@ def _curve(rows_per_run: list[dict[int, dict[str, float]]], key: str,
             for s, v in sorted(by_step.items())]
 
 
+def headline_key(metric: str, runs: Sequence[Run]) -> str:
+    """`--metric` as the eval key it names ("pass@1" or "eval/pass@1"; a level's name reads
+    eval/rewards/<level>/mean): UserError naming the metrics there are when no run's final
+    evaluation has it."""
+    keys = {k for r in runs for k in r.final_eval}
+    name = metric.strip()
+    for key in (name, f"eval/{name}", f"eval/rewards/{name}/mean"):
+        if key in keys:
+            return key
+    shown = sorted(k[len("eval/"):] for k in keys if not k.startswith("eval/turn_"))
+    raise UserError(f"--metric {metric}: no run's final evaluation has it; choose one of "
+                    f"{', '.join(shown[:12]) or 'none (no run was evaluated)'}{' ...' if len(shown) > 12 else ''} "
+                    "(a turn's as turn_<t>/<name>)")
+
+
 def aggregate(runs: Sequence[Run], group_by: Sequence[str] | None = None,
-              allow_mixed: bool = False) -> dict[str, dict[str, Any]]:
+              allow_mixed: bool = False, metric: str | None = None) -> dict[str, dict[str, Any]]:
     """Group runs per task (see `group_runs`) and compute the table cells and plot curves.
 
     Returns ``{task: {"columns": [eval keys], "headline": first column, "grouped_by": [keys],
@@ -96,15 +112,24 @@ def aggregate(runs: Sequence[Run], group_by: Sequence[str] | None = None,
     ``delta``, ``wall_s`` and ``joint_actions`` (same shape as final's or None), ``eval_problems``
     (the distinct numbers of problems the runs evaluated on, from summary.json), ``eval_only``,
     ``train_curve`` and ``eval_curve`` (lists of ``{"step", "mean", "std", "count"[, "budget"]}``).
-    Raises UserError for a ``group_by`` group that mixes data/model/task settings (unless allow_mixed).
+    ``metric`` (``--metric``): the headline, a key of the runs' final evaluations (``headline_key``;
+    a task whose runs lack it keeps its default, with a warning); default: the first column.
+    Raises UserError for a ``group_by`` group that mixes data/model/task settings (unless allow_mixed)
+    and for a ``metric`` no run has.
     """
     by_task: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
         by_task[r.task].append(r)
+    chosen = None if metric is None else headline_key(metric, runs)
     out: dict[str, dict[str, Any]] = {}
     for task in sorted(by_task):
         rows, grouped_by, warnings = group_runs(task, by_task[task], group_by, allow_mixed)
         cols = _metric_columns(by_task[task])
+        if chosen is not None and any(chosen in r.final_eval for r in by_task[task]):
+            cols = [chosen, *(c for c in cols if c != chosen)]  # the headline leads the table
+        elif chosen is not None:
+            warnings.append(f"{task}: no run has {chosen} (--metric); its headline stays "
+                            f"{cols[0] if cols else 'none'}")
         headline = cols[0] if cols else None
         methods: dict[str, Any] = {}
         for row in rows:
@@ -119,6 +144,12 @@ def aggregate(runs: Sequence[Run], group_by: Sequence[str] | None = None,
             keys = {k for r in rs for k in r.final_eval}
             deltas = [r.final_eval["eval/reward"] - r.eval[0]["eval/reward"] for r in rs
                       if 0 in r.eval and "eval/reward" in r.eval[0] and "eval/reward" in r.final_eval]
+            # One axis, one meaning: an old AT-GRPO run's train/reward is its mixed scores, not the team reward.
+            mixed = [r for r in rs if r.mixed_train_reward]
+            if mixed:
+                warnings.append(f"{task}/{label}: {len(mixed)} run(s) logged train/reward as AT-GRPO's alpha x team + "
+                                "own scores (before 2026-11-30), not the team reward: left out of the training-reward "
+                                f"plot ({', '.join(r.display_path for r in mixed[:3])}{' ...' if len(mixed) > 3 else ''})")
             walls = [float(r.summary["wall_s"]) for r in rs if isinstance(r.summary.get("wall_s"), (int, float))]
             # The training budget in joint actions (matched-budget comparisons); runs that log it.
             spent = [_budgets(r) for r in rs]
@@ -140,7 +171,7 @@ def aggregate(runs: Sequence[Run], group_by: Sequence[str] | None = None,
                 "joint_actions": _stat(budgets),
                 "eval_problems": problems,
                 "eval_only": all(r.eval_only for r in rs),
-                "train_curve": _curve([r.train for r in rs], "train/reward", spent),
+                "train_curve": _curve([{} if r.mixed_train_reward else r.train for r in rs], "train/reward", spent),
                 "eval_curve": _curve([r.eval for r in rs], "eval/reward", spent),
             }
         for line in warnings:

@@ -27,7 +27,8 @@ Per task it writes (``--format``, default ``md``):
 - ``<out>/<task>_train_reward.png``: ``train/reward`` per step, mean over runs with a ± std band;
 - ``<out>/<task>_eval_reward.png``: ``eval/reward`` per eval step as points with ± std bars (no line
   between evaluations); groups evaluated only at step 0 (prompt-only baselines) are horizontal dashed lines;
-- ``<out>/<task>_final.png``: the headline metric per group, a dot-and-interval chart (IQM, CI, runs).
+- ``<out>/<task>_final.png``: the headline metric per group, a dot-and-interval chart (IQM, CI, runs);
+  ``--metric NAME`` chooses it (default: the first metric column).
 
 Without ``--out`` the report goes to a new directory ``reports/<date>_<time>/``, so it never replaces a
 file (committed results included); an explicit ``--out`` replaces same-named files there. The files carry
@@ -72,15 +73,16 @@ def _safe_name(task: str) -> str:
 
 def write_report(runs: Sequence[Run], out_dir: str | os.PathLike[str], commands: str | None = None,
                  formats: Sequence[str] = ("md",), group_by: Sequence[str] | None = None,
-                 allow_mixed: bool = False, exclusive: bool = False) -> list[Path]:
+                 allow_mixed: bool = False, exclusive: bool = False, metric: str | None = None) -> list[Path]:
     """Write per task the tables (`<task>.<fmt>` for each of `formats`) and the plots into `out_dir`;
     returns the paths written. `exclusive`: `out_dir` must not exist yet (so nothing is replaced).
 
     `commands` (text, e.g. the exact command lines used) is appended verbatim under "## Commands".
-    Raises UserError for a bad format or a refused grouping, before anything is written.
+    `metric`: the headline metric (the IQM column and the final chart; default: the first column).
+    Raises UserError for a bad format, a refused grouping or an unknown metric, before anything is written.
     """
     formats = parse_formats(formats)
-    aggs = aggregate(runs, group_by, allow_mixed)
+    aggs = aggregate(runs, group_by, allow_mixed, metric)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=not exclusive)
     written: list[Path] = []
@@ -137,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-mixed", action="store_true",
                    help="report a --group-by group whose runs differ in data, model, task or evaluation settings "
                         "(with a warning) instead of refusing")
+    p.add_argument("--metric", metavar="NAME",
+                   help="the headline metric, of the IQM column and the final chart: a key of the final evaluation "
+                        "with or without eval/, e.g. pass@1, reward, turn_2/reward, rewards/tests/mean or a level's "
+                        "name (default: success_rate, else reward, else the first metric)")
     p.add_argument("--format", action="append", metavar="FMT[,FMT...]",
                    help=f"table formats: {', '.join(FORMATS)} (default: md; plots are always written)")
     return p
@@ -175,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out) if args.out else fresh_report_dir()
     try:
         written = write_report(runs, out, commands, formats, parse_group_by(args.group_by, runs),
-                               args.allow_mixed, exclusive=not args.out)
+                               args.allow_mixed, exclusive=not args.out, metric=args.metric)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

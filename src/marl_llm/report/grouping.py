@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections import defaultdict
 from fnmatch import fnmatchcase
 from typing import Any, Iterable, Sequence
@@ -96,6 +97,16 @@ def _label_part(key: str, value: Any, short: str) -> str:
     return show_value(value) if key in NAME_KEYS else f"{short}={show_value(value)}"
 
 
+_NUMBER = re.compile(r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
+
+
+def natural_key(label: str) -> tuple[tuple[int, Any], ...]:
+    """A label's sort key with its numbers compared as numbers: lr=1e-05 before lr=0.0001 before
+    lr=0.001, G=4 before G=16 (as text, 0.0001 came before 1e-05)."""
+    parts = _NUMBER.split(label)
+    return tuple((0, float(p)) if k % 2 else (1, p) for k, p in enumerate(parts) if p)
+
+
 def parse_group_by(values: Sequence[str] | None, runs: Sequence[Run]) -> list[str] | None:
     """`--group-by` values (comma-separated, repeatable) as a key list; every key must be in some run's config."""
     if not values:
@@ -166,7 +177,7 @@ def group_runs(task: str, runs: Sequence[Run], group_by: Sequence[str] | None = 
         seen[row["label"]] += 1
         if seen[row["label"]] > 1:
             row["label"] += f" #{seen[row['label']]}"
-    rows.sort(key=lambda row: (*_rank(row["base"], row["runs"]), row["label"]))
+    rows.sort(key=lambda row: (*_rank(row["base"], row["runs"]), natural_key(row["label"])))
 
     warnings: list[str] = []
     mixed: set[str] = set()

@@ -52,6 +52,13 @@ class Run:
         return int(s) if isinstance(s, (int, float)) else self.max_steps
 
     @property
+    def mixed_train_reward(self) -> bool:
+        """An AT-GRPO run logged before train/reward meant the team reward under every algorithm: its
+        train/reward is the mean of the agents' alpha x team + own scores (now train/reward_mixed)."""
+        return self.algo == "at_grpo" and bool(self.train) and not any(
+            "train/reward_mixed" in row for row in self.train.values())
+
+    @property
     def eval_only(self) -> bool:
         return not self.train and set(self.eval) <= {0}
 
