@@ -54,7 +54,8 @@ Deliberate deviations are opt-in switches; the paper presets use the reference's
 | `algo.max_grad_norm`, `algo.weight_decay` | `null` (no clipping), `0.01` (torch AdamW default) | `1.0`, `0.0` |
 | `algo.normalize_advantages` (MAGRPO) | `true` | `false` |
 | `algo.loss_tokens` | MAGRPO `padded_row`: the node's `generate()` row, padding after EOS included, minus its last token; CoLLM `before_pad`: the ids before the first pad (no EOS when pad == eos) | `completion`: each completion through its first EOS |
-| `trainer.eval_protocol`, `trainer.eval_interval` | `paper`: before every `eval_interval`-th batch of each epoch, one rollout sampled at the training settings on each of the first `eval_max_problems` (4; StrBuild 2) eval items; the mean reward, expected return and test pass rate per turn | `own`: greedy pass@1, reward and levels every `eval_every` steps, sampled pass@k |
+| `trainer.eval_protocol`, `trainer.eval_interval` | `paper`: before every `eval_interval`-th batch of each epoch, one rollout sampled at the training settings on each of the first `eval_max_problems` (4; StrBuild 2) eval items; the mean reward, expected return and test pass rate per turn. The expected return is comlrl's for every algorithm: the undiscounted sum of the shifted rewards from the turn on (CoLLM's evaluation discounted it by `algo.discount` before issue 44: -4.507 where comlrl logged -4.704 on a stub case; `tests/test_collm_vs_comlrl.py`) | `own`: greedy pass@1, reward and levels every `eval_every` steps, sampled pass@k |
+| `trainer.eval_after` | `false`: no evaluation after the last step; comlrl's train loop ends with its last batch (HumanEval: 198 evaluations, not 199) | `true`: one more evaluation after training (`summary.json`'s `after`) |
 | `task.reward.variant` + pass@1 | under the reference harness pass@1 cannot reach 1: it fails 21 of 164 HumanEval canonical solutions (4 of `test[:32]`); `pass@1_ceiling` is reported beside every pass@ metric | `fixed`: every canonical solution passes |
 | `task.end_on_success` (StrBuild) | `false`: an episode ends at the horizon or the early-termination threshold | `true`: success ends it |
 
@@ -243,10 +244,12 @@ def probe_evaluation(cfg, spec: dict) -> tuple[str, str, bool]:
         got = ([0] if t.eval_before else []) + [s for s in range(1, 2 * n) if t.eval_every and s % t.eval_every == 0]
         how = "greedy rollouts and sampled pass@k"
     items = t.eval_max_problems
-    return (f"every {spec['interval']}th batch of each epoch ({len(ref)} times in 2 epochs), the first {spec['items']} "
-            "items, one rollout sampled at the training settings",
-            f"`{t.eval_protocol}`: {len(got)} times in 2 epochs, {items or 'all'} items, {how}",
-            got == ref and items == spec["items"] and t.eval_protocol == "paper")
+    # The reference never evaluates after its last batch; trainer.eval_after adds one.
+    after = ", and once after training" if t.eval_after else ""
+    return (f"every {spec['interval']}th batch of each epoch ({len(ref)} times in 2 epochs), none after training, "
+            f"the first {spec['items']} items, one rollout sampled at the training settings",
+            f"`{t.eval_protocol}`: {len(got)} times in 2 epochs{after}, {items or 'all'} items, {how}",
+            got == ref and not t.eval_after and items == spec["items"] and t.eval_protocol == "paper")
 
 
 def probe_data_order(cfg, spec: dict) -> tuple[str, str, bool]:

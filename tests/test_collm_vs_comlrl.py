@@ -198,3 +198,53 @@ def test_collm_switch_cuts_before_the_first_pad(tiny_model_dir):
         hits = (c.completion_ids == pad).nonzero()
         assert torch.equal(c.loss_ids, c.completion_ids[:int(hits[0])] if len(hits) else c.completion_ids)
     assert compose_config(["algo=collm_cc"]).algo.loss_tokens == "completion"
+
+
+def test_paper_evaluation_logs_comlrls_undiscounted_returns(tiny_model_dir):
+    """eval/turn_<t>/expected_return under trainer.eval_protocol=paper against comlrl 1.4.3's own
+    MAACTrainer.evaluate, on the same path rewards (fixed by each turn's position) with discount
+    0.9: the reference logs the undiscounted sum of the rewards from each turn on (marl-llm logged
+    a discounted one: -4.507 where comlrl logged -4.704 on a stub case), and its per-turn reward."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from marl_llm.algos import build_algorithm
+    from marl_llm.models.prompting import PromptFormat
+    from marl_llm.rollout.decode import HFRollout
+    from marl_llm.tasks.base import Problem
+    from marl_llm.training.evaluation import evaluate
+
+    items, turns = ["e0"], 2  # one episode of two turns: the discount already tells them apart
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.pad_token = tok.eos_token
+    load = lambda: AutoModelForCausalLM.from_pretrained(tiny_model_dir)  # noqa: E731
+    args = comlrl_maac.MAACConfig(num_train_epochs=1, num_agents=2, num_turns=turns, max_new_tokens=4,
+                                  temperature=1.0, top_p=1.0, top_k=0, discount=GAMMA, eval_interval=0,
+                                  eval_num_samples=len(items))
+    trainer = comlrl_maac.MAACTrainer(
+        agents=[load(), load()], critics=[load()], tokenizer=tok, args=args,
+        reward_func=lambda c1, c2, *, prompts: [path_reward(f"{prompts[0]}.0")],
+        external_transition=lambda prompt, agent_completions, num_agents, prompt_history_per_agent, **_:
+            [f"{prompt_history_per_agent[0][-1]}.0"] * num_agents,
+        train_dataset=Dataset.from_list([{"prompt": "t0"}]), eval_dataset=Dataset.from_list([{"prompt": p} for p in items]),
+        formatters=[lambda item, external_prompts=None: external_prompts or item["prompt"]] * 2)
+    ref = trainer.evaluate()
+
+    cfg = compose_config(["algo=collm_cc", f"algo.num_turns={turns}", "algo.sampling.max_new_tokens=4",
+                          "algo.sampling.temperature=1.0", "algo.sampling.top_p=1.0", f"algo.discount={GAMMA}",
+                          "algo.lora.r=4", "algo.lora.target_modules=[q_proj,v_proj]", "trainer.eval_protocol=paper"])
+    policies = make_policies(tiny_model_dir)
+    policies.tokenizers[0].prompt_format = PromptFormat(False)
+    task = type("EvalPathTask", (PathTask,), {"success_metric": "success_rate"})()
+    algo = build_algorithm(cfg.algo, task, policies, HFRollout(policies), 8)
+    ours, _ = evaluate(algo, [Problem(p, {}, sample_key=k) for k, p in enumerate(items)], cfg.trainer)
+
+    paths = {t: [f"{p}{'.0' * t}" for p in items] for t in range(1, turns + 1)}
+    undiscounted = {t: sum(path_reward(x) for s in range(t, turns + 1) for x in paths[s]) / len(items)
+                    for t in paths}
+    for t in range(1, turns + 1):
+        assert ref[f"eval/turn_{t}/expected_return"] == pytest.approx(undiscounted[t], rel=1e-6)
+        assert ours[f"turn_{t}/expected_return"] == pytest.approx(ref[f"eval/turn_{t}/expected_return"], rel=1e-6)
+        assert ours[f"turn_{t}/reward"] == pytest.approx(ref[f"eval/turn_{t}/reward_mean"], rel=1e-6)
+    discounted = sum(GAMMA ** (s - 1) * path_reward(x) for s in paths for x in paths[s]) / len(items)
+    assert ours["turn_1/expected_return"] != pytest.approx(discounted, rel=1e-3)  # what was logged before

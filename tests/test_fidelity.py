@@ -60,6 +60,7 @@ CHANGES = [("magrpo_tldr_paper", "reward", "task.reward.variant=fixed"),
            ("collm_dc_tldr_paper", "loss_tokens", "algo.loss_tokens=completion"),
            ("magrpo_arxiv_paper", "evaluation", "trainer.eval_protocol=own"),
            ("collm_cc_arxiv_paper", "evaluation", "trainer.prompts_per_step=2"),
+           ("magrpo_humaneval_paper", "evaluation", "trainer.eval_after=true"),
            ("collm_cc_coophumaneval_paper", "data_order", "trainer.data_order=shuffle")]
 
 

@@ -132,8 +132,9 @@ def test_ceiling_follows_the_reward_variant(tiny_model_dir):
 
 def test_trainer_evaluates_on_the_reference_schedule(tiny_model_dir, tmp_path):
     """Through the console script: 2 training problems, eval_interval 2 over 4 steps (2 epochs):
-    evaluations before steps 0 and 2 (batch 0 of each epoch) and after training, on the first
-    eval_max_problems items; eval_every and eval_before are not used."""
+    evaluations before steps 0 and 2 (batch 0 of each epoch) on the first eval_max_problems items,
+    and none after training with trainer.eval_after=false, as the paper presets set it (comlrl's
+    loop ends with its last batch); eval_every and eval_before are not used."""
     import subprocess
 
     from conftest import VENV_BIN
@@ -141,18 +142,22 @@ def test_trainer_evaluates_on_the_reference_schedule(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     args = tiny_overrides(tiny_model_dir, run_dir, "task.data.train_split='test[33:35]'", "trainer.max_steps=4",
                           "trainer.eval_protocol=paper", "trainer.eval_interval=2", "trainer.eval_max_problems=1",
-                          "trainer.eval_every=1", "trainer.eval_before=false", "task.reward.variant=paper")
+                          "trainer.eval_every=1", "trainer.eval_before=false", "trainer.eval_after=false",
+                          "task.reward.variant=paper")
     out = subprocess.run([str(VENV_BIN / "marl-llm"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/reward" in r]
-    # Due before steps 0 and 2 (batch 0 of each epoch, interval 2), and the final evaluation.
-    assert [r["step"] for r in evals] == [0, 2, 4]
+    # Due before steps 0 and 2 (batch 0 of each epoch, interval 2); none after the last step.
+    assert [r["step"] for r in evals] == [0, 2]
     for r in evals:
         assert {"eval/turn_1/reward", "eval/turn_1/test_pass_rate", "eval/turn_1/expected_return",
                 "eval/pass@1_sampled", "eval/pass@1_ceiling"} <= set(r)
         assert "eval/pass@1" not in r
     assert "ceiling" in out.stderr + out.stdout
+    assert "held-out before training (none after it: trainer.eval_after=false)" in out.stderr + out.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["after"] is None and summary["before"]["reward"] == evals[0]["eval/reward"]
 
 
 def test_in_order_data_is_comlrls_and_shuffle_is_not(tiny_model_dir):

@@ -52,8 +52,8 @@ class Algorithm(ABC):
     # True: can play turn-based tasks (marl_llm.tasks.turn_based: Sokoban, Plan-Path).
     supports_turn_tasks: bool = False
     # trainer.eval_protocol=paper: True if the reference evaluates with its training rollout (comlrl's
-    # actor-critic trainers: early termination, discounted returns); False: every turn played,
-    # undiscounted returns (comlrl's MAGRPO).
+    # actor-critic trainers: episodes end at the early termination); False: every turn played
+    # (comlrl's MAGRPO). Either way the logged returns are undiscounted, as the reference logs them.
     eval_as_training: bool = False
 
     @classmethod

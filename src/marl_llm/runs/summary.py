@@ -25,6 +25,9 @@ def held_out_line(summary: dict[str, Any]) -> str:
             f"{k} {before[k]:.3f} -> {after[k]:.3f}" for k in keys if k in before and k in after)
     if after:
         return "held-out after training: " + "  ".join(f"{k} {after[k]:.3f}" for k in keys if k in after)
+    if before and summary.get("steps"):  # trained, not evaluated after (the paper presets, as the reference)
+        return ("held-out before training (none after it: trainer.eval_after=false): "
+                + "  ".join(f"{k} {before[k]:.3f}" for k in keys if k in before))
     if before:
         return "held-out, no training: " + "  ".join(f"{k} {before[k]:.3f}" for k in keys if k in before)
     return "no held-out evaluation (trainer.eval_before and trainer.eval_after are off)"

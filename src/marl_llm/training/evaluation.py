@@ -6,7 +6,9 @@ with the training logs):
     paper  the reference trainers' (comlrl 1.4.3 MAGRPOTrainer.evaluate, the actor-critic
            trainers' evaluate): before every trainer.eval_interval-th batch of each epoch, one
            rollout sampled at the training settings on each of the first trainer.eval_max_problems
-           eval items; the mean reward, expected return and (code) test pass rate per turn
+           eval items; the mean reward, expected return (undiscounted) and (code) test pass rate
+           per turn. The reference never evaluates after its last batch: the paper presets set
+           trainer.eval_after=false
 
 A code task scored by the reference harness (task.reward.variant=paper) fails some canonical
 solutions (21 of 164 HumanEval problems, 4 of test[:32]; docs/rewards_code.md): every pass@
@@ -80,11 +82,13 @@ def evaluate(algo: "Algorithm", problems: "list[Problem]", trainer_cfg: Any) -> 
 
 def evaluate_paper(algo: "Algorithm", problems: "list[Problem]") -> tuple[dict[str, float], list[dict[str, Any]]]:
     """The reference trainers' evaluation: one rollout per problem, sampled at the training
-    sampling settings. comlrl's MAGRPO plays every turn and sums the shifted rewards undiscounted;
-    its actor-critic trainers evaluate with their training rollout, so an episode ends at the
-    early termination and returns are discounted (Algorithm.eval_as_training). Metrics per turn t
-    (over the episodes that reached it): turn_<t>/reward (the task's reward, unshifted),
-    turn_<t>/expected_return (comlrl's: shifted rewards from t on) and, for code tasks,
+    sampling settings. comlrl's MAGRPO plays every turn; its actor-critic trainers evaluate with
+    their training rollout, so an episode ends at the early termination
+    (Algorithm.eval_as_training). Either logs a turn's return as the undiscounted sum of the
+    shifted rewards from that turn on, whatever algo.discount the training uses (comlrl 1.4.3's
+    MAAC and IAC trainers overwrite their rollouts' returns with it). Metrics per turn t (over the
+    episodes that reached it): turn_<t>/reward (the task's reward, unshifted),
+    turn_<t>/expected_return (comlrl's: shifted rewards from t on, summed) and, for code tasks,
     turn_<t>/test_pass_rate (tests passed / tests of the reward's own run, 0 when it stopped before
     the tests); overall `reward` and the success metric of the final joint actions (code:
     pass@1_sampled, with pass@1_ceiling under the reference harness)."""
@@ -92,14 +96,13 @@ def evaluate_paper(algo: "Algorithm", problems: "list[Problem]") -> tuple[dict[s
     PROGRESS.debug("phase", extra={"phase": "sampled rollout (the reference protocol)"})
     tree = algo.rollout_tree(problems, [1] * algo.eval_turns, algo.agent_sampling(),
                              algo.early_stop() if as_training else None)
-    gamma = float(algo.cfg.get("discount", 1.0)) if as_training else 1.0
     from marl_llm.training.episodes import trajectories
 
     returns: dict[int, list[float]] = {}
     for chain in trajectories(tree):
         ret = 0.0
         for node in reversed(chain):
-            ret = node.reward.total + task.reward_shift + gamma * ret
+            ret += node.reward.total + task.reward_shift
             returns.setdefault(node.turn, []).append(ret)
     metrics: dict[str, float] = {}
     code = task.success_metric == "pass@1"
