@@ -4,11 +4,16 @@ Two agents guess a secret number from 1 to `high` each turn and are told whether
 too low or too high. The team scores when either guess is right (the episode then ends), plus how
 close the better guess came; each agent's own reward is how close its own guess came (+ `role_bonus`
 for the guesser, so a test can tell the role rewards apart). `GUESS_LOG` (an env var) names a file
-that gets one JSON line per step: the seed, the environment's own turn counter and the agents.
+that gets one JSON line per step: the seed, the environment's own turn counter, the agents and
+whether it was the dry run's (placeholder actions: marl-llm tries the environment when it builds
+the task).
 
 `mode` breaks the contract on purpose: reset_one_observation | step_text_reward | step_raises |
 reset_exits | step_exits (sys.exit(0), which once ended the run with exit code 0 and no line) |
-huge_reset | huge_step (a 20 MiB observation, which once decoded for minutes).
+huge_reset | huge_step (a 20 MiB observation, which once decoded for minutes) | long_step (a
+3,000-word observation: within task.max_observation_chars, cut to task.max_observation_tokens).
+A step mode prefixed `late_` (late_step_raises) breaks only on a model's text: the dry run that
+builds the task, with its placeholder actions, passes, and the error comes during training.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import os
 import random
 import re
 import sys
+
+from marl_llm.tasks.env import DRY_RUN_ACTION
 
 HUGE = 20 * 2**20  # characters
 
@@ -51,27 +58,32 @@ class Guess:
 
     def step(self, actions):
         self.turn += 1
-        if self.mode == "step_raises":
+        dry = DRY_RUN_ACTION in actions.values()
+        mode = "" if self.mode.startswith("late_") and dry else self.mode.removeprefix("late_")
+        if mode == "step_raises":
             raise ValueError("the referee is out to lunch")
-        if self.mode == "step_exits":
+        if mode == "step_exits":
             sys.exit(0)
         if log := os.environ.get("GUESS_LOG"):
             with open(log, "a") as f:
-                f.write(json.dumps({"seed": self.seed, "turn": self.turn, "agents": sorted(actions)}) + "\n")
+                record = {"seed": self.seed, "turn": self.turn, "agents": sorted(actions), "dry": dry}
+                f.write(json.dumps(record) + "\n")
         guesses = {a: self._guess(actions[a]) for a in self.agents}
         found = any(g == self.secret for g in guesses.values())
         closeness = {a: self._closeness(g) for a, g in guesses.items()}
         team = {"found": float(found), "close": max(closeness.values())}
         rewards = {a: closeness[a] + (self.role_bonus if a == "guesser" else 0.0) for a in self.agents}
-        if self.mode == "step_text_reward":
+        if mode == "step_text_reward":
             rewards["helper"] = "high"
 
         def said(g):
             return "nothing" if g is None else f"{g}, {'right' if g == self.secret else 'too low' if g < self.secret else 'too high'}"
         feedback = " Last turn: " + "; ".join(f"{a} said {said(g)}" for a, g in guesses.items()) + "."
         observations = {a: self._ask(feedback) for a in self.agents}
-        if self.mode == "huge_step":
+        if mode == "huge_step":
             observations["helper"] = "y" * HUGE
+        if mode == "long_step":
+            observations["helper"] = "word " * 3000
         return observations, rewards, team, found, {"success": found}
 
 

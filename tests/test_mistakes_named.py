@@ -134,26 +134,29 @@ class TestEnvironmentEscapes:
     def test_an_exit_in_any_method_is_one_line_naming_it(self, code):
         from marl_llm.config import UserError
         from marl_llm.tasks.base import Turn
+        from marl_llm.tasks.env import _Call
 
         task = env_task()
         problem = task.load_split("train")[0]
         history = [[[Turn("p", "4")], [Turn("p", "5")]]]
         env = task.make()
-        cases = {"reset": lambda: task._call(type("E", (), {"reset": exiting(code)})(), "reset", 7),
+        cases = {"reset": lambda: task._call(_Call(type("E", (), {"reset": exiting(code)})(), "reset", 7), 7),
                  "step": lambda: (setattr(task, "make", lambda: type("E", (), {"reset": lambda s, seed: ["a", "b"],
                                                                               "step": exiting(code)})()),
                                   task.history_rewards([problem], history)),
                  "constructor": lambda: (setattr(task, "factory", exiting(code)), type(task).make(task)),
                  "deepcopy": lambda: (setattr(type(env), "__deepcopy__", exiting(code)), task._fork(env, 3))}
-        expected = {"reset": r"reset\(seed=7\) raised ", "step": r"step\(\) at turn 1 of the episode of seed 0 raised ",
+        expected = {"reset": r"E.reset\(seed=7\) raised ",
+                    "step": r"E.step\(\) at turn 1 of the episode of seed 0 raised ",
                     "constructor": r"creating it with task.env_kwargs=\{\} raised ",
-                    "deepcopy": r"copy.deepcopy of the environment \(seed 3\) raised "}
+                    "deepcopy": r"copy.deepcopy of Guess \(seed 3\) raised "}
         try:
             for method, call in cases.items():
                 with pytest.raises(UserError, match=rf"task.env=guess_env:Guess: {expected[method]}{EXITS[code]}") as err:
                     call()
                 assert "it called exit() or sys.exit()" in str(err.value) and "\n" not in str(err.value)
-                assert f"at {__file__}:" in str(err.value)  # the line of the code that exited (here: exiting())
+                # the line of the code that exited (here: exiting()), relative to the current directory
+                assert f"at {os.path.relpath(__file__)}:" in str(err.value)
         finally:
             if "__deepcopy__" in vars(type(env)):
                 delattr(type(env), "__deepcopy__")
@@ -175,14 +178,17 @@ class TestEnvironmentEscapes:
         from marl_llm.tasks.base import Turn
 
         start = time.monotonic()
-        huge = (r"task.env=guess_env:Guess: reset\(seed=0\) returned a 20,971,520-character observation for agent "
-                r"guesser, more than task.max_observation_chars=1,000,000: return a shorter prompt .* or raise "
-                r"task.max_observation_chars")
+        huge = (r"task.env=guess_env:Guess: Guess.reset\(seed=0\) \(.*guess_env.py:\d+\) in the dry run before "
+                r"training returned a 20,971,520-character observation for agent guesser, more than "
+                r"task.max_observation_chars=1,000,000: return a shorter prompt .* or raise task.max_observation_chars")
         with pytest.raises(UserError, match=huge):
-            env_task("task.env_kwargs.mode=huge_reset")  # the probe at build, before any model loads
-        task = env_task("task.env_kwargs.mode=huge_step")
-        with pytest.raises(UserError, match=r"step\(\) \(turn 1, seed 0\) returned a 20,971,520-character observation "
-                                            r"for agent helper"):
+            env_task("task.env_kwargs.mode=huge_reset")  # the dry run at build, before any model loads
+        with pytest.raises(UserError, match=r"Guess.step\(\) .* in the dry run before training, with placeholder "
+                                            r"actions, returned a 20,971,520-character observation for agent helper"):
+            env_task("task.env_kwargs.mode=huge_step")
+        task = env_task("task.env_kwargs.mode=late_huge_step")  # during training: the same line
+        with pytest.raises(UserError, match=r"Guess.step\(\) \(.*guess_env.py:\d+\) at turn 1 of the episode of seed 0 "
+                                            r"returned a 20,971,520-character observation for agent helper"):
             task.history_rewards(task.load_split("train")[:1], [[[Turn("p", "4")], [Turn("p", "5")]]])
         assert time.monotonic() - start < 30
 
@@ -200,10 +206,11 @@ class TestEnvironmentEscapes:
 
     def test_through_the_console_script_before_models_load(self, tmp_path):
         env = {"PYTHONPATH": pythonpath(TESTS)}
-        for mode, expected in (("reset_exits", "task.env=guess_env:Guess: reset(seed=0) raised SystemExit(0) (it "
-                                               "called exit() or sys.exit()"),
-                               ("huge_reset", "reset(seed=0) returned a 20,971,520-character observation for agent "
-                                              "guesser, more than task.max_observation_chars=1,000,000")):
+        for mode, expected in (("reset_exits", "task.env=guess_env:Guess: Guess.reset(seed=0) in the dry run before "
+                                               "training raised SystemExit(0) (it called exit() or sys.exit()"),
+                               ("huge_reset", "in the dry run before training returned a 20,971,520-character "
+                                              "observation for agent guesser, more than "
+                                              "task.max_observation_chars=1,000,000")):
             out = run_cli(["task=env", "task.env=guess_env:Guess", f"task.env_kwargs.mode={mode}", "logger=none",
                            f"hydra.run.dir={tmp_path / mode}"], tmp_path, env, timeout=120)
             assert expected in one_error_line(out)
@@ -215,12 +222,13 @@ class TestEnvironmentEscapes:
         from test_env_task import tiny
 
         run_dir = tmp_path / "run"
-        out = run_cli(["algo=magrpo", "task.env_kwargs.mode=step_exits",
+        # late_: it exits on a model's text, not on the dry run's placeholders
+        out = run_cli(["algo=magrpo", "task.env_kwargs.mode=late_step_exits",
                        *tiny(tiny_model_dir, run_dir, "algo.num_generations=2", "trainer.eval_before=false")],
                       tmp_path, {"PYTHONPATH": pythonpath(TESTS)})
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
         line = out.stderr.strip().splitlines()[-1]
-        assert line.startswith("error: task.env=guess_env:Guess: step() at turn 1 of the episode of seed ")
+        assert line.startswith("error: task.env=guess_env:Guess: Guess.step() at turn 1 of the episode of seed ")
         assert "raised SystemExit(0) (it called exit() or sys.exit()" in line and "guess_env.py:" in line
         assert {".marl-llm-run", "config.yaml", ".hydra", "cli.log"} <= {p.name for p in run_dir.iterdir()}
 

@@ -47,7 +47,10 @@ def test_debug_tiny_composes_and_validates_for_every_algo_and_task(algo, task, t
     assert cfg.algo.sampling.max_new_tokens == 32
     # The keys only some algorithms and tasks have are set where they exist.
     assert cfg.algo.get("num_generations", 2) == 2 and cfg.algo.get("num_branches", 2) == 2
-    assert cfg.algo.get("num_turns", 1) == 1
+    # task=env keeps two turns with the multi-turn algorithms: a smoke test of a user's environment steps
+    # it twice and forks it (conf/debug/by_pair)
+    two_turns = task == "env" and algo in ("magrpo", "at_grpo", "collm_cc", "collm_dc")
+    assert cfg.algo.get("num_turns", 1) == (2 if two_turns else 1)
     assert cfg.task.get("max_turns", 2) == 2
 
 

@@ -160,6 +160,8 @@ def train_team(dataset: Any = None, *, prompts: Callable[[dict], Any] | None = N
         cfg = compose_config([*over, *user])
         if env_kwargs:
             cfg.task.env_kwargs = dict(env_kwargs)
+        if cfg.task.get("label") is None and str(cfg.task.env).startswith("@"):
+            cfg.task.label = getattr(env, "__name__", None)  # its spec (@env-<id>) names no class
         return train(cfg)
     if dataset is None or prompts is None or reward is None:
         raise UserError("train_team: give dataset, prompts and reward (a task from rows), or env (a multi-turn "

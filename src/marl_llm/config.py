@@ -127,6 +127,21 @@ class TaskConfig:
     reward_shift: float = 0.0
 
 
+def task_label(cfg: Any) -> str:
+    """What a run's task is called in its W&B name, group and tags, its summary and report tables:
+    task.label when set; else, for task=env, the environment's class (task.env=my_games:Guess ->
+    Guess), so that runs of three environments are three tasks, not one called "env"; else
+    task.name. `cfg` is a run's whole config (a config.yaml read back works too)."""
+    task = cfg.get("task") or {}
+    label = task.get("label")
+    if label:
+        return str(label)
+    env = task.get("env")
+    if isinstance(env, str) and ":" in env:
+        return env.rsplit(":", 1)[1].rsplit(".", 1)[-1]
+    return str(task.get("name"))
+
+
 @dataclass
 class SandboxConfig:
     """Limits of each sandboxed program run (marl_llm.sandbox.SandboxLimits; docs/sandbox.md)."""

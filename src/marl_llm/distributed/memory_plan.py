@@ -61,6 +61,11 @@ import torch
 from marl_llm.distributed.memory_terms import (GiB, Arch, Layout, Plan, Workload, arch, estimate, gib_text,
                                                is_fsdp_sharded, model_config)
 
+# The chat template's tokens around a user message, beyond the message: SmolLM2's default system
+# message and role headers are 30, Qwen3's headers fewer; the margin covers a truncation marker
+# re-tokenized a token longer at its seam.
+CHAT_TEMPLATE_TOKENS = 64
+
 
 # --------------------------------------------------------------------------------- from a config
 def workload(cfg: Any, agent_names: tuple[str, ...], device_type: str) -> Workload:
@@ -85,12 +90,21 @@ def workload(cfg: Any, agent_names: tuple[str, ...], device_type: str) -> Worklo
         master_bytes=frozen if t.get("master_weights", "fp32") == "bf16" else 4 if full or frozen < 4 else frozen,
         frozen_bytes=frozen, adapters=0 if full else policies + adapter_critics,
         references=1 if full and float(a.get("kl_coef", 0.0) or 0.0) > 0 else 0, separate_critics=separate,
-        rows=int(t.sequences_per_generate), prompt_tokens=int(cfg.get("plan", {}).get("prompt_tokens", 512)),
+        rows=int(t.sequences_per_generate), prompt_tokens=prompt_tokens(cfg),
         new_tokens=int(sampling.get("max_new_tokens", 256)), micro_batch=int(t.completions_per_micro_batch),
         checkpointing=ckpt is True,  # auto: for_config, which knows the model's size
         siblings=int(a.get("num_generations") or a.get("num_branches") or 1),
         fused_optimizer=device_type == "cuda", trains=int(t.max_steps) > 0, device_type=device_type,
         kv_cache_gib=None if t.get("kv_cache_gib", "auto") == "auto" else float(t.kv_cache_gib))
+
+
+def prompt_tokens(cfg: Any) -> int:
+    """The longest prompt the plan budgets for: plan.prompt_tokens, or, for a task that caps its
+    prompts in tokens (task=env's max_observation_tokens), that cap and the chat template around it."""
+    cap = (cfg.get("task") or {}).get("max_observation_tokens")
+    if cap is not None:
+        return int(cap) + CHAT_TEMPLATE_TOKENS
+    return int((cfg.get("plan") or {}).get("prompt_tokens", 512))
 
 
 def layout(cfg: Any, ranks: int, policies: int) -> Layout:

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from marl_llm.config import UserError
+from marl_llm.config import UserError, task_label
 from marl_llm.runs.atomic import umask
 from marl_llm.models.policies import AgentPolicies, lora_weights
 
@@ -201,11 +201,11 @@ def _write_card(agent_dir: Path, cfg: Any, policies: AgentPolicies, key: tuple[i
     text = f"""---
 base_model: {base}
 library_name: {library}
-tags: [marl-llm, {cfg.algo.name}, {cfg.task.name}]
+tags: [marl-llm, {cfg.algo.name}, {task_label(cfg)}]
 ---
-# {agent_dir.name}: {what} from a {cfg.algo.name} team on {cfg.task.name}
+# {agent_dir.name}: {what} from a {cfg.algo.name} team on {task_label(cfg)}
 
-Trained by marl-llm ({cfg.algo.name} on {cfg.task.name}, step {step}) as {roles}; the team: {', '.join(team)}.
+Trained by marl-llm ({cfg.algo.name} on {task_label(cfg)}, step {step}) as {roles}; the team: {', '.join(team)}.
 Base model: `{base}` ({cfg.model.name}). Prompts: {prompts}, as the task builds them.{weights}
 
 ```python

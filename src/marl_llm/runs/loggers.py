@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
+from marl_llm.config import task_label
 from marl_llm.runs.atomic import atomic_write_text
 
 # Settings that say where a run writes and how it is logged, not what it trains: runs that differ
@@ -111,9 +112,10 @@ def run_identity(cfg: DictConfig, sweep: str | None = None, swept: list[str] | t
     """W&B group, name and tags of a run. The group is "the same config but the seed":
     `<algo>-<task>-<model>-<config_hash>`, so seeds of one setting share it and settings never
     mix. A run is named `<algo>-<task>-<model>-seed<s>`; in a sweep, by what tells it apart from
-    the sweep's other runs, the `swept` overrides (`algo.baseline=rloo seed=0`). Tags: algorithm,
+    the sweep's other runs, the `swept` overrides (`algo.baseline=rloo seed=0`). <task> is
+    config.task_label (task=env: the environment's class, or task.label). Tags: algorithm,
     task, model, seed, the sweep and the swept overrides; `logger.group` / `logger.tags` win / add."""
-    algo, task, model, seed = cfg.algo.name, cfg.task.name, cfg.model.name, cfg.seed
+    algo, task, model, seed = cfg.algo.name, task_label(cfg), cfg.model.name, cfg.seed
     group = cfg.logger.group or f"{algo}-{task}-{model}-{config_hash(cfg)}"
     name = " ".join([*swept, f"seed={seed}"]) if swept else f"{algo}-{task}-{model}-seed{seed}"
     tags = [f"algo:{algo}", f"task:{task}", f"model:{model}", f"seed:{seed}"]

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from marl_llm.config import task_label
 from marl_llm.runs.atomic import atomic_write_text
 
 
@@ -69,7 +70,7 @@ def write_summary(path: Path, cfg: DictConfig, s: dict[str, Any]) -> None:
 
     cmd = "marl-llm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     lines = [
-        f"# {cfg.algo.name} on {cfg.task.name} with {cfg.model.name}",
+        f"# {cfg.algo.name} on {task_label(cfg)} with {cfg.model.name}",
         "",
         f"Command: `{cmd}`",
         "",

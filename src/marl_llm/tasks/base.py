@@ -100,6 +100,15 @@ class Task(ABC):
         """Training reward = task reward + `task.reward_shift` (0 for a schema without the key)."""
         return float(self.cfg.get("reward_shift", 0.0) or 0.0)
 
+    def use_tokenizers(self, tokenizers: list[Any]) -> None:
+        """Each agent's tokenizer (agent order), given once the models load, for a task that sizes its
+        prompts in tokens (task=env cuts observations to task.max_observation_tokens). Default: unused."""
+
+    def take_metrics(self) -> dict[str, float]:
+        """The task's own metrics since the last call (TRL-style names, `<agent>/` segments), logged
+        with a training step's and an evaluation's (task=env: observations/clipped_ratio). Default: none."""
+        return {}
+
     # -- data --------------------------------------------------------------------------------
     def packaged_rows(self, split_name: str) -> list[dict[str, Any]]:
         """Rows of split `split_name` of the task's packaged source: by default the offline sample

@@ -36,6 +36,15 @@ PROGRESS = logging.getLogger("marl_llm.progress")
 
 
 def evaluate(algo: "Algorithm", problems: "list[Problem]", trainer_cfg: Any) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """`_evaluate`, with the task's own metrics of this evaluation's rollouts (task=env:
+    observations/clipped_ratio)."""
+    algo.task.take_metrics()  # what the training rollouts left is theirs
+    metrics, rows = _evaluate(algo, problems, trainer_cfg)
+    metrics.update(algo.task.take_metrics())
+    return metrics, rows
+
+
+def _evaluate(algo: "Algorithm", problems: "list[Problem]", trainer_cfg: Any) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Evaluate by trainer.eval_protocol; returns (metrics, sample rows). `own`: a greedy rollout of
     `algo.eval_turns` turns with the algorithm's own rollout (feedback between turns, or the
     baselines' sequential / discussion prompts), and sampled pass@k when trainer.eval_num_samples

@@ -27,7 +27,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from marl_llm.algos.update import lr_schedulers
-from marl_llm.config import UserError
+from marl_llm.config import UserError, task_label
 from marl_llm.configure import check_run_does_something, validate
 from marl_llm.distributed import data_parallel as distributed
 from marl_llm.distributed import fsdp, placement
@@ -79,8 +79,10 @@ def train_step(run: Setup, cfg: DictConfig, step: int,
         problems = batch_for_step(run.train_set, step, cfg.trainer.prompts_per_step, cfg.seed, cfg.trainer.data_order)
         problems = problems if by_actions else distributed.shard(problems)
     PROGRESS.debug("phase", extra={"phase": "rollout"})  # the console's progress (Watch)
+    algo.task.take_metrics()  # the task's own metrics count this step's rollout only, from here
     with fsdp.unsharded(policies, cfg.trainer.fsdp_unshard_rollout):  # every rank collects once per step
         tree = algo.collect(problems)
+    task_metrics = algo.task.take_metrics()  # task=env: observations/clipped_ratio
     run.rollout.release()  # the update gets the rollout's memory (vLLM sleeps, kept KV caches go)
     t_rollout = run.meter.mark("rollout")
     PROGRESS.debug("phase", extra={"phase": "update"})
@@ -96,6 +98,7 @@ def train_step(run: Setup, cfg: DictConfig, step: int,
     # Sharing the joint actions, every rank has the whole tree: rank 0 alone reports its metrics.
     metrics = algo.rollout_metrics(tree) if not by_actions or distributed.world().is_main else {}
     metrics.update(stats)
+    metrics.update(task_metrics)
     metrics.update(_agent_means(stats, [policies.policy_label(k) for k in policies.trainable_adapters()]))
     metrics["step_time"] = t_end - t0
     metrics["perf/time_per_step"] = t_end - t0
@@ -208,7 +211,7 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
     summary: dict[str, Any] = {"before": None, "after": None, "eval_problems": len(eval_set),
                                "train_problems": len(train_set)}
     t_start = time.perf_counter()
-    say(f"{cfg.algo.name} on {cfg.task.name}: agents {', '.join(task.agent_names)} on "
+    say(f"{cfg.algo.name} on {task_label(cfg)}: agents {', '.join(task.agent_names)} on "
         f"{cfg.model.name} [{', '.join(m.get_base_model().name_or_path for m in policies.models)}] "
         f"({policies.device}, {policies.dtype}, torch threads: {torch.get_num_threads()}"
         + (f" [{threads.why}]" if threads.why else "") + f"); run dir {run_dir}"
