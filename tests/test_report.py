@@ -716,3 +716,15 @@ def test_old_at_grpo_runs_stay_off_the_team_reward_axis(tmp_path, capsys):
     curves = {label: m["train_curve"] for label, m in agg["methods"].items()}
     assert curves == {"at_grpo alpha=2.0": [{"step": 1, "mean": 0.25, "std": None, "count": 1}], "at_grpo": []}
     assert any("train/reward as AT-GRPO's alpha x team + own scores" in w and "old" in w for w in agg["warnings"])
+
+
+def test_runs_of_user_environments_are_named_by_their_class_or_label(tmp_path):
+    """task=env runs of two environment classes and one labelled run: three tasks, not one "env"."""
+    from marl_llm.report.runs import find_runs
+
+    for i, env in enumerate(("my_games:Guess", "my_pz_games:Meet")):
+        make_run(tmp_path, f"env/{i}", algo="magrpo", seed=0, task="env", config={"task": {"env": env}},
+                 evals={0: {"reward": 0.1}, 5: {"reward": 0.2}})
+    make_run(tmp_path, "env/2", algo="magrpo", seed=0, task="env",
+             config={"task": {"env": "my_games:Guess", "label": "guess-hard"}}, evals={5: {"reward": 0.3}})
+    assert sorted(r.task for r in find_runs([tmp_path])) == ["Guess", "Meet", "guess-hard"]

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from marl_llm.config import task_label
+
 RUN_REQUIREMENTS = "config.yaml (or .hydra/config.yaml), metrics.jsonl and, once finished, summary.json"
 
 
@@ -186,6 +188,7 @@ def load_run(d: Path) -> Run:
     task, algo = _select(cfg, "task.name"), _select(cfg, "algo.name")
     if not task or not algo:
         raise ValueError(f"{cfg_path.name} lacks task.name or algo.name")
+    task = task_label(cfg)  # task=env runs: one table per environment class (or task.label), not one "env"
     group = _select(cfg, "logger.group")
     seed = _select(cfg, "seed")
     max_steps = _select(cfg, "trainer.max_steps")
