@@ -5,6 +5,7 @@ split into a new dir and leaves the run's files as they were; bad input is one `
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import subprocess
@@ -268,6 +269,19 @@ def test_a_history_of_the_agents_keeps_the_newest_and_evaluates_by_step(tiny_mod
     assert any(not torch.equal(weights[2][k], weights[3][k]) for k in weights[3])  # step 3 trained on from step 2
     assert all(torch.equal(weights[3][k], final[k]) for k in final)  # the last one is the final export
     assert "agents of step 2 kept as" in capsys.readouterr().out
+    # The tokenizer is on the disk once for the whole history (checkpoint-1's removal left its links
+    # whole), each policy dir still a complete one; agents/ has copies of its own, for users to take.
+    tokenizers = [history / f"checkpoint-{s}" / agent / "tokenizer.json" for s in (2, 3) for agent in ("aux", "main")]
+    assert len({(p.stat().st_dev, p.stat().st_ino) for p in tokenizers}) == 1
+    assert not any((run_dir / "agents" / agent / "tokenizer.json").samefile(tokenizers[0]) for agent in ("aux", "main"))
+    assert not (run_dir / "agents" / "aux" / "tokenizer.json").samefile(run_dir / "agents" / "main" / "tokenizer.json")
+    final_files = sorted(p.name for p in (run_dir / "agents" / "main").iterdir()
+                         if p.name.startswith(("tokenizer", "chat_template")))
+    assert filecmp.cmpfiles(history / "checkpoint-3" / "main", run_dir / "agents" / "main", final_files,
+                            shallow=False)[0] == final_files
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(history / "checkpoint-3" / "main").chat_template  # with every file it needs
 
     out = tmp_path / "eval2"
     eval_cli.main([str(run_dir), "--step", "2", "--out", str(out), "trainer.eval_max_problems=1",

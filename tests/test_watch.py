@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -95,13 +96,141 @@ def test_a_bad_thread_count_is_one_error_line(tmp_path):
 
 
 # --------------------------------------------------------------------------------- in-process
-def test_threads_are_applied_for_the_run_and_restored(tiny_model_dir, tmp_path, capsys):
+class FakeLoad:
+    """Load readings on a clock of the test's: each CPU's ticks (100 a second), `others` CPUs' worth
+    of other processes' busy time and `own` of this run's since the last reading."""
+
+    def __init__(self, cpus: int = 2):
+        self.now, self.cpus, self.reads = 0.0, cpus, 0
+        self.busy, self.total, self.own_s = [0] * cpus, [0] * cpus, 0.0
+
+    def advance(self, seconds: float, others: float, own: float = 0.0) -> None:
+        self.now += seconds
+        for cpu in range(self.cpus):
+            self.busy[cpu] += round(100 * seconds * min(1.0, (others + own) / self.cpus))
+            self.total[cpu] += round(100 * seconds)
+        self.own_s += own * seconds
+
+    def read(self) -> threads.LoadReading:
+        self.reads += 1
+        return threads.LoadReading(self.now, {f"cpu{c}": (self.busy[c], self.total[c]) for c in range(self.cpus)},
+                                   self.own_s)
+
+
+def test_auto_threads_follow_the_load_during_the_run_and_say_so(monkeypatch):
+    """Decided again at the progress events that mark boundaries of work, at most every
+    MIN_WINDOW_S: other processes' load arriving takes threads away, its leaving gives them back,
+    the run's own work (its threads, its children) is not load, and each change is one line."""
+    monkeypatch.setattr(threads, "process_cpus", lambda: {0, 1})
+    load, lines = FakeLoad(), []
+    follow = threads.AutoThreads(threads.Threads(2, "auto: 2 cores", ceiling=2, cores=2), lines.append,
+                                 read=load.read, clock=lambda: load.now)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        follow.attach()
+        load.advance(5, others=1.8)
+        PROGRESS.debug("phase", extra={"phase": "rollout"})  # 5 s: too soon to judge
+        assert (torch.get_num_threads(), lines, load.reads) == (2, [], 1)
+        load.advance(15, others=1.8, own=0.2)
+        PROGRESS.debug("phase", extra={"phase": "update"})
+        assert torch.get_num_threads() == 1 and follow.count == 1
+        assert len(lines) == 1 and lines[0].startswith(
+            "torch threads: 2 -> 1 (update) [auto: 1.8 of 2 CPUs busy with other processes over the last 20 s"), lines
+        load.advance(12, others=0.0, own=1.0)
+        PROGRESS.debug("decoding", extra={"tokens": 8})  # not a boundary: within a generate chunk
+        assert torch.get_num_threads() == 1 and load.reads == 2
+        PROGRESS.debug("generated", extra={"sequences": 2, "tokens": 8})
+        assert torch.get_num_threads() == 2 and lines[1].startswith(
+            "torch threads: 1 -> 2 (update) [auto: 0.0 of 2 CPUs busy"), lines
+        load.advance(12, others=0.1, own=1.9)  # every CPU busy, nearly all of it this run's
+        PROGRESS.debug("micro-batch", extra={"sequences": 2})
+        assert torch.get_num_threads() == 2 and len(lines) == 2 and load.reads == 4
+        load.advance(12, others=2.0)
+        worker = threading.Thread(target=PROGRESS.debug, args=("generated",), kwargs={"extra": {"sequences": 1,
+                                                                                               "tokens": 1}})
+        worker.start()
+        worker.join()  # another thread's event: torch.set_num_threads would set that thread's count only
+        assert torch.get_num_threads() == 2 and len(lines) == 2
+    finally:
+        follow.detach()
+        torch.set_num_threads(before)
+    assert follow not in PROGRESS.handlers and not PROGRESS.isEnabledFor(logging.DEBUG)
+
+
+@pytest.mark.parametrize("setting, deterministic", [(3, False), ("auto", True)])
+def test_a_thread_count_given_or_deterministic_never_follows_the_load(monkeypatch, setting, deterministic):
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    monkeypatch.setattr(threads.torch, "get_num_threads", lambda: 2)
+    chosen = threads.choose_threads(setting, deterministic)
+    load = FakeLoad()
+    follow = threads.AutoThreads(chosen, pytest.fail, read=load.read, clock=lambda: load.now)
+    follow.attach()
+    try:
+        load.advance(60, others=2.0)
+        assert follow.revisit() == chosen.count and load.reads == 0 and follow not in PROGRESS.handlers
+    finally:
+        follow.detach()
+
+
+def test_own_cpu_time_counts_the_runs_children_live_and_reaped():
+    """A child's CPU time (a sandbox judge, a vLLM engine) is the run's, not other processes' load."""
+    spin = ("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+            "print(flush=True)\ntime.sleep(60)")
+    before, mine = threads.own_cpu_s(), time.process_time()
+    child = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()  # it has spun 0.3 s of CPU
+        if not threads._children():
+            pytest.skip("no /proc/<pid>/task/<tid>/children")
+        assert threads.own_cpu_s() - before - (time.process_time() - mine) >= 0.3  # alive
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+    assert threads.own_cpu_s() - before - (time.process_time() - mine) >= 0.3  # reaped
+
+
+def test_threads_are_applied_for_the_run_and_restored(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """trainer.threads=1 is set for the run and stays whatever the load (readings of a saturated
+    machine at every boundary); the caller's count is back afterwards."""
+    monkeypatch.setattr(threads, "MIN_WINDOW_S", 0.0)
+    load = FakeLoad()
+    monkeypatch.setattr(threads, "read_load", lambda: (load.advance(30, others=2.0), load.read())[1])
     before = torch.get_num_threads()
     train(compose_config(tiny_overrides(tiny_model_dir, tmp_path / "one", "trainer.threads=1",
                                         "trainer.eval_before=false", "trainer.eval_after=false")))
-    header = next(line for line in capsys.readouterr().out.splitlines() if "run dir" in line)
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "run dir" in line)
     assert "torch threads: 1)" in header
+    assert "torch threads: 1 ->" not in out and load.reads == 0
     assert torch.get_num_threads() == before
+
+
+def test_auto_threads_change_within_a_run_on_the_console(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """An idle machine at the start (2 threads), saturated by other processes from then on: the
+    run's next boundary after MIN_WINDOW_S takes one thread and the console says when and why."""
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    monkeypatch.setattr(threads, "busy_cpus_sampled", lambda cpus: 0.0)
+    monkeypatch.setattr(threads, "process_cpus", lambda: {0, 1})
+    monkeypatch.setattr(threads, "MIN_WINDOW_S", 0.0)
+    load = FakeLoad()
+    monkeypatch.setattr(threads, "read_load", lambda: (load.advance(30, others=2.0), load.read())[1])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # torch's default, as auto's most
+    try:
+        train(compose_config(tiny_overrides(tiny_model_dir, tmp_path / "auto", "trainer.eval_before=false",
+                                            "trainer.eval_after=false", "trainer.progress=off")))
+        assert torch.get_num_threads() == 2  # the caller's count is back
+    finally:
+        torch.set_num_threads(before)
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if "run dir" in line)
+    assert "torch threads: 2 [auto: 2 cores, 0.0 of 2 CPUs busy with other processes]" in header
+    changed = [line for line in lines if "torch threads: 2 ->" in line]
+    assert len(changed) == 1 and changed[0].startswith(
+        "[marl-llm] step 1/1: torch threads: 2 -> 1 (rollout) [auto: 2.0 of 2 CPUs busy with other processes over "
+        "the last 30 s; load average "), changed
 
 
 def test_auto_threads_are_at_most_the_cores_the_process_may_use(monkeypatch):

@@ -313,8 +313,9 @@ class TrainerConfig:
     work_split: str = "auto"
     # Torch's CPU threads: auto = the fewer of torch's default and the physical cores this process
     # may use (its CPU affinity, e.g. SLURM's --cpus-per-task, and a cgroup CPU quota), less the cores
-    # other processes keep busy (training/threads.py; the load left out with trainer.deterministic),
-    # or a number. On a busy box, fewer threads can be many times faster (docs/logging.md).
+    # other processes keep busy, decided again during the run as the load changes (training/threads.py;
+    # the load left out with trainer.deterministic), or a number, fixed: reproducible, as auto is not
+    # bitwise. On a busy box, fewer threads can be many times faster (docs/logging.md).
     threads: Any = "auto"
     # Console progress: auto (bars on a terminal; elsewhere, e.g. a SLURM log, a status line every
     # progress_every_s seconds on stderr) | bars | lines | off.

@@ -6,7 +6,8 @@
 Each round runs the three settings one after another (alternating, so that each sees the same
 load), after a warm-up run; `--busy N` starts N processes that spin on a core for the whole
 benchmark (a loaded machine on demand). Reports each run's wall time, the count `auto` chose and
-why (the run's first line), and the load average before and after. Measures, never asserts.
+why (the run's first line), how auto changed it as the load changed, and the load average before
+and after. Measures, never asserts.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def run_tiny(threads: str, run_dir: Path, extra: list[str]) -> dict[str, Any]:
                           env={**os.environ, "WANDB_MODE": "disabled"})
     wall = time.perf_counter() - t0
     chosen = re.search(r"torch threads: (\d+)(?: \[([^\]]*)\])?", proc.stdout)
+    changed = re.findall(r"torch threads: (\d+) -> (\d+)", proc.stdout)  # auto, as the load changed
     return {"threads": threads, "wall_s": wall, "exit_code": proc.returncode,
             "chosen": int(chosen.group(1)) if chosen else None, "why": chosen.group(2) if chosen else None,
-            "load_1min": os.getloadavg()[0]}
+            "changes": [f"{a} -> {b}" for a, b in changed], "load_1min": os.getloadavg()[0]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         mine = [r for r in runs if r["threads"] == s]
         lines.append(f"| `trainer.threads={s}` | {summary[s]:.1f} | {summary[s] / best:.2f}x | "
                      + "; ".join(f"{r['wall_s']:.1f} s, {r['chosen']}" + (f" ({r['why']})" if r["why"] else "")
+                                 + (f", then {', '.join(r['changes'])}" if r["changes"] else "")
                                  + ("" if r["exit_code"] == 0 else f", exit {r['exit_code']}") for r in mine) + " |")
     atomic_write_text(out / "threads.md", "\n".join(lines) + "\n")
     print((out / "threads.md").read_text())

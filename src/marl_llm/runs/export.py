@@ -20,12 +20,18 @@ as `.agents.old-*`; the next export clears such leftovers).
 With trainer.history_every, the same export is also kept along the way, as Hugging Face's
 `checkpoint-N` dirs: `<run_dir>/checkpoints/checkpoint-<step>/` (agents.json and the policy dirs),
 the trainer.history_keep newest (`export_history`); `marl-llm-eval <run_dir> --step N` evaluates one.
+The tokenizer never changes while a run trains, so the history stores its files once per run: each
+entry's are hard links to the identical files of the entry before (or of a sibling policy dir), and
+every policy dir stays a complete from_pretrained dir while the 3.5 MB tokenizer.json of a
+SmolLM2 is on the disk once, however many entries and agents; removing an entry leaves the others'
+links whole. `agents/` keeps a copy of its own per policy dir: it is the export users take and edit.
 
 `load_agents` is the way back (marl-llm-eval): exported tensors into a team's AgentPolicies.
 """
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import re
@@ -70,10 +76,13 @@ def policy_dirs(policies: AgentPolicies) -> dict[tuple[int, str], str]:
 
 
 def export_agents(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int, target: Path | None = None,
-                  whole: dict[int, dict[str, torch.Tensor] | Path] | None = None) -> Path:
+                  whole: dict[int, dict[str, torch.Tensor] | Path] | None = None,
+                  tokenizer_from: list[Path] | None = None) -> Path:
     """Write every trained policy to <run_dir>/agents/ (or `target`), replacing an earlier export
     atomically; returns that directory. `whole`: by model index, the state dicts of FSDP-sharded full
-    models, gathered (fsdp.whole_policies), or the directory another rank wrote one to."""
+    models, gathered (fsdp.whole_policies), or the directory another rank wrote one to.
+    `tokenizer_from`: earlier exports whose identical tokenizer files this one links to (hard links),
+    as its policy dirs do to each other's (`link_identical`); None: a copy per policy dir."""
     run_dir = Path(run_dir)
     target = run_dir / AGENTS_DIR if target is None else Path(target)
     parent = target.parent
@@ -93,7 +102,10 @@ def export_agents(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int, t
                 policies.models[k].save_pretrained(agent_dir, state_dict=staged)
             else:
                 _save_adapter(policies, k, adapter, state[f"{k}/{adapter}"], agent_dir)
-            policies.tokenizers[k].save_pretrained(agent_dir)
+            saved = policies.tokenizers[k].save_pretrained(agent_dir)
+            if tokenizer_from is not None:
+                link_identical([Path(f) for f in saved],
+                               [d for export in (*tokenizer_from, tmp) for d in export.iterdir() if d.is_dir()])
             _write_card(agent_dir, cfg, policies, (k, adapter), step)
         agents = [{"name": a.name, "index": i, "dir": dirs[(a.model_index, a.adapter)],
                    "base_model": base_model_name(policies, a.model_index)} for i, a in enumerate(policies.agents)]
@@ -113,6 +125,30 @@ def export_agents(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int, t
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def link_identical(files: list[Path], dirs: list[Path]) -> None:
+    """Replace each of `files` by a hard link to a file of the same name and bytes in one of `dirs`,
+    where there is one: the bytes then exist once, and each dir still holds every file. Where the
+    filesystem has no hard links (or a file's are at their limit), the copy stays."""
+    for path in files:
+        if not path.is_file():
+            continue
+        size = path.stat().st_size
+        for directory in dirs:
+            twin = directory / path.name
+            try:
+                if twin.samefile(path) or twin.stat().st_size != size or not filecmp.cmp(twin, path, shallow=False):
+                    continue
+                staged = path.with_name(f".{path.name}.link")
+                os.link(twin, staged)
+            except OSError:
+                continue
+            try:
+                os.replace(staged, path)  # the copy or the link, never neither
+            except OSError:
+                staged.unlink(missing_ok=True)
+            break
 
 
 def _set_aside(directory: Path) -> Path:
@@ -136,8 +172,11 @@ def history_dirs(run_dir: Path) -> dict[int, Path]:
 def export_history(run_dir: Path, cfg: Any, policies: AgentPolicies, step: int, keep: int | None,
                    whole: dict[int, dict[str, torch.Tensor] | Path] | None = None) -> Path:
     """The agents of `step` as <run_dir>/checkpoints/checkpoint-<step>/ (atomically, as agents/),
-    then only the `keep` newest of the history left (None: all); returns the new directory."""
-    target = export_agents(run_dir, cfg, policies, step, Path(run_dir) / HISTORY_DIR / f"checkpoint-{step}", whole)
+    its tokenizer files linked to the newest entry's, then only the `keep` newest of the history
+    left (None: all); returns the new directory."""
+    newest = list(history_dirs(run_dir).values())[-1:]
+    target = export_agents(run_dir, cfg, policies, step, Path(run_dir) / HISTORY_DIR / f"checkpoint-{step}", whole,
+                           tokenizer_from=newest)
     kept = history_dirs(run_dir)
     for old_step in list(kept)[: max(len(kept) - keep, 0)] if keep else []:
         shutil.rmtree(_set_aside(kept[old_step]), ignore_errors=True)

@@ -48,7 +48,7 @@ from marl_llm.training.episodes import JointTree
 from marl_llm.training.evaluation import evaluate, paper_eval_due
 from marl_llm.training.perf import peak_rss_gib
 from marl_llm.training.setup import Setup, build, join_world, quiet_libraries, seed_everything, strict_determinism
-from marl_llm.training.threads import choose_threads
+from marl_llm.training.threads import AutoThreads, choose_threads
 
 log = logging.getLogger("marl_llm")  # the console and the job log (training/console.py)
 
@@ -289,7 +289,12 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
 
     exit_code = 1
     watch.start(max_steps, start_step)
+    # trainer.threads=auto decides again as the machine's load changes, each rank for itself, and
+    # says so (threads.py); a number stays.
+    auto_threads = AutoThreads(threads, lambda line: log.info((f"rank {w.rank}: " if w.size > 1 else "")
+                                                              + (f"{watch.context}: " if watch.context else "") + line))
     try:
+        auto_threads.attach()
         evaluated_before = start_step == 0 and (tc.eval_before or eval_due(0))
         if evaluated_before:
             summary["before"] = run_eval(0)
@@ -344,6 +349,7 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
         raise
     finally:
         watch.stop()  # the bars end before anything else prints
+        auto_threads.detach()
         if hasattr(run.rollout, "close"):  # vLLM: its exported adapters are removed
             run.rollout.close()
         logger.finish(exit_code)
