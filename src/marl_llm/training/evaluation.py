@@ -38,9 +38,10 @@ PROGRESS = logging.getLogger("marl_llm.progress")
 def evaluate(algo: "Algorithm", problems: "list[Problem]", trainer_cfg: Any) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """`_evaluate`, with the task's own metrics of this evaluation's rollouts (task=env:
     observations/clipped_ratio)."""
-    algo.task.take_metrics()  # what the training rollouts left is theirs
+    task_metrics = getattr(algo.task, "take_metrics", dict)  # a task without the hook (duck-typed) has none
+    task_metrics()  # what the training rollouts left is theirs
     metrics, rows = _evaluate(algo, problems, trainer_cfg)
-    metrics.update(algo.task.take_metrics())
+    metrics.update(task_metrics())
     return metrics, rows
 
 

@@ -156,7 +156,7 @@ def build(cfg: DictConfig, task: Any = None) -> Setup:
     policies = AgentPolicies(task.agent_names, cfg.model, cfg.algo, cfg.seed, load_on_cpu=sharded,
                              on_meta=sharded and tc.fsdp_load == "sharded", master_weights=tc.master_weights)
     check_context(cfg, policies)
-    task.use_tokenizers([policies.tokenizers[a.model_index] for a in policies.agents])
+    getattr(task, "use_tokenizers", lambda tokenizers: None)([policies.tokenizers[a.model_index] for a in policies.agents])
     where = placement.setup(cfg, policies)
     placed = placement.place_models(policies, where)
     if tc.rollout == "vllm":

@@ -79,10 +79,11 @@ def train_step(run: Setup, cfg: DictConfig, step: int,
         problems = batch_for_step(run.train_set, step, cfg.trainer.prompts_per_step, cfg.seed, cfg.trainer.data_order)
         problems = problems if by_actions else distributed.shard(problems)
     PROGRESS.debug("phase", extra={"phase": "rollout"})  # the console's progress (Watch)
-    algo.task.take_metrics()  # the task's own metrics count this step's rollout only, from here
+    take_task_metrics = getattr(algo.task, "take_metrics", dict)  # a task without the hook (duck-typed) has none
+    take_task_metrics()  # the task's own metrics count this step's rollout only, from here
     with fsdp.unsharded(policies, cfg.trainer.fsdp_unshard_rollout):  # every rank collects once per step
         tree = algo.collect(problems)
-    task_metrics = algo.task.take_metrics()  # task=env: observations/clipped_ratio
+    task_metrics = take_task_metrics()  # task=env: observations/clipped_ratio
     run.rollout.release()  # the update gets the rollout's memory (vLLM sleeps, kept KV caches go)
     t_rollout = run.meter.mark("rollout")
     PROGRESS.debug("phase", extra={"phase": "update"})
