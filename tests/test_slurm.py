@@ -23,8 +23,11 @@ pytestmark = pytest.mark.exclusive
 
 
 CLI = str(VENV_BIN / "marl-llm")
-SLURM_TARGET = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
-LOCAL_TARGET = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
+# The presets' launchers (src/marl_llm/cli/sweep_launcher.py) and the plugin's own, which they extend.
+SLURM_TARGET = "marl_llm.cli.sweep_launcher.SlurmLauncher"
+LOCAL_TARGET = "marl_llm.cli.sweep_launcher.LocalLauncher"
+PLUGIN_SLURM = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+PLUGIN_LOCAL = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
 LOCAL_CFG = """\
 # @package _global_
 cluster:
@@ -102,7 +105,8 @@ def test_the_example_local_config_composes_with_every_launcher(tmp_path, launche
     if launcher in (None, "basic"):
         assert lc._target_ == "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
     elif launcher in ("local", "submitit_local"):
-        assert lc._target_ == LOCAL_TARGET and lc.tasks_per_node == 1 and "partition" not in lc
+        assert lc._target_ == (LOCAL_TARGET if launcher == "local" else PLUGIN_LOCAL)
+        assert lc.tasks_per_node == 1 and "partition" not in lc
     else:
         assert lc._target_ == SLURM_TARGET and (lc.partition, lc.account) == ("gpu", "my_project")
 
