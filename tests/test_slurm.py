@@ -23,9 +23,9 @@ pytestmark = pytest.mark.exclusive
 
 
 CLI = str(VENV_BIN / "marl-llm")
-# The presets' launchers (src/marl_llm/cli/sweep_launcher.py) and the plugin's own, which they extend.
-SLURM_TARGET = "marl_llm.cli.sweep_launcher.SlurmLauncher"
-LOCAL_TARGET = "marl_llm.cli.sweep_launcher.LocalLauncher"
+# The presets' launchers (src/hydra_plugins/marl_llm_launcher/sweep_launcher.py) and the plugin's own, which they extend.
+SLURM_TARGET = "hydra_plugins.marl_llm_launcher.sweep_launcher.SlurmLauncher"
+LOCAL_TARGET = "hydra_plugins.marl_llm_launcher.sweep_launcher.LocalLauncher"
 PLUGIN_SLURM = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
 PLUGIN_LOCAL = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
 LOCAL_CFG = """\

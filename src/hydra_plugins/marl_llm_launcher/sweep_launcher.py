@@ -8,6 +8,9 @@ of them, then prints one line per failed job: its id, its overrides, the job's o
 one-line `error: ...` the run printed, else the last line of its stderr) and its log, then a count
 of the jobs that finished; it exits 2 when any failed. The presets in conf/hydra/launcher/ use these
 classes; the plugin's own `submitit_slurm` and `submitit_local` keep the plugin's behaviour.
+
+It lives in Hydra's `hydra_plugins` namespace, where Hydra looks for launcher classes (it scans
+every module there at start; without the `slurm` extra this one defines nothing).
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from hydra_plugins.hydra_submitit_launcher import submitit_launcher
+try:
+    from hydra_plugins.hydra_submitit_launcher import submitit_launcher
+except ImportError:  # no `slurm` extra: Hydra's plugin scan imports this module anyway
+    submitit_launcher = None
 
 
 @contextmanager
@@ -87,9 +93,9 @@ class _WaitForAll:
         sys.exit(2)
 
 
-class SlurmLauncher(_WaitForAll, submitit_launcher.SlurmLauncher):
-    """`hydra/launcher=slurm` (and the presets extending it): one SLURM job array per sweep."""
+if submitit_launcher is not None:
+    class SlurmLauncher(_WaitForAll, submitit_launcher.SlurmLauncher):
+        """`hydra/launcher=slurm` (and the presets extending it): one SLURM job array per sweep."""
 
-
-class LocalLauncher(_WaitForAll, submitit_launcher.LocalLauncher):
-    """`hydra/launcher=local`: the same submitit path on this machine."""
+    class LocalLauncher(_WaitForAll, submitit_launcher.LocalLauncher):
+        """`hydra/launcher=local`: the same submitit path on this machine."""
