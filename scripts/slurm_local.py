@@ -171,7 +171,8 @@ SlurmctldPort={ports['slurmctld']}
 SlurmdPort={ports['slurmd']}
 SlurmUser=root
 AuthType=auth/munge
-AuthInfo=socket={munge_socket}
+# cred_expire: also how long a requeued job waits before it may start again (default 120 s).
+AuthInfo=socket={munge_socket},cred_expire=10
 StateSaveLocation={spool}/ctld
 SlurmdSpoolDir={spool}/d
 SlurmctldPidFile={run}/slurmctld.pid
@@ -199,7 +200,7 @@ JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 JobCompType=jobcomp/none
 # Seconds between SIGTERM and SIGKILL when a job is cancelled, requeued or out of time.
-KillWait=10
+KillWait=5
 MinJobAge=300
 InactiveLimit=0
 GresTypes=gpu

@@ -4,7 +4,7 @@ packages, started on this machine by scripts/slurm_local.py, no fake sbatch. Eac
 logs) and the run dirs say: a job array, 2 tasks as 2 torch.distributed ranks, a requeue and a
 time limit resumed bitwise, a wrong override in one job, scancel and a relaunch.
 
-The runs are debug=tiny on the embedded model, two steps with a checkpoint after each. One
+The runs are debug=tiny on the embedded model, three steps with a checkpoint after each. One
 uninterrupted run (seed 0 of the first sweep) is the reference the others are compared with; all
 of them run in float64 with one thread each, so that a comparison across processes (2 ranks
 against one) is the gloo tests' float64 bound (tests/test_distributed.py) and a resumed run is
@@ -34,8 +34,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 CLI = str(VENV_BIN / "marl-llm")
 ATOL = 1e-9  # tests/test_distributed.py's float64 bound for 2 ranks against one process (its docstring)
-# The run every test trains: two steps, a checkpoint after each, the final evaluation on one problem.
-RUN = ["debug=tiny", "model.dtype=float64", "trainer.threads=1", "trainer.max_steps=2", "trainer.save_every=1",
+# The run every test trains: three steps, a checkpoint after each, the final evaluation on one problem.
+RUN = ["debug=tiny", "model.dtype=float64", "trainer.threads=1", "trainer.max_steps=3", "trainer.save_every=1",
        "trainer.eval_before=false", "algo.sampling.max_new_tokens=8", "algo.sampling.top_p=1.0",
        "algo.learning_rate=1e-3", "algo.lora.r=4", "algo.lora.target_modules=[q_proj,v_proj]", "task.sandbox.workers=1"]
 # This machine's node has 2 CPUs and ~22 GiB: the presets' 8 CPUs and 64 GB per job would never be scheduled.
@@ -94,14 +94,16 @@ def sweep_run(cluster: Path, sweep: Path, *overrides: str, timeout: float = 900)
     return finish(submit(cluster, sweep, *overrides), timeout)
 
 
-def job_logs(sweep: Path) -> str:
-    return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-4000:]}"
+def job_logs(sweep: Path, tail: int | None = 4000) -> str:
+    """The jobs' logs (submitit's <job>_<task>_log.out/.err), each cut to its last `tail` characters."""
+    return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-tail if tail else 0:]}"
                      for p in sorted((sweep / ".submitit").rglob("*_log.*")))
 
 
 def job_ids(sweep: Path) -> list[str]:
-    """The SLURM ids of the sweep's jobs (<array>_<index>), from submitit's folders."""
-    return sorted(d.name for d in (sweep / ".submitit").iterdir() if d.is_dir() and "_" in d.name)
+    """The SLURM ids of the sweep's jobs (<array>_<index>; a one-job sweep is a plain job), from
+    submitit's folders."""
+    return sorted(d.name for d in (sweep / ".submitit").iterdir() if d.is_dir() and d.name[:1].isdigit())
 
 
 def sacct(cluster: Path, job: str, *fields: str, duplicates: bool = False) -> list[list[str]]:
@@ -133,6 +135,14 @@ def assert_bitwise(run_dir: Path, reference: Path) -> None:
     assert any(float(t.abs().max()) > 0 for x in a.values() for n, t in x.items() if "lora_B" in n)  # it trained
 
 
+def run_of(sweep: Path, seed: int) -> Path:
+    """The run dir of `seed` in a sweep: <sweep>/<overrides>/seed=<s> (the overrides part shortened
+    with a hash, configure.sweep_subdir: this module's dozen overrides pass NAME_MAX)."""
+    found = [p for p in sweep.glob(f"*/seed={seed}") if p.is_dir()]
+    assert len(found) == 1, (sweep, found)
+    return found[0]
+
+
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -140,6 +150,16 @@ def metrics(run_dir: Path) -> list[dict]:
 def resumes(run_dir: Path) -> list[dict]:
     path = run_dir / "resumes.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_run_dir(proc: subprocess.Popen, sweep: Path, seed: int, timeout: float = 300) -> Path:
+    deadline = time.monotonic() + timeout
+    while not list(sweep.glob(f"*/seed={seed}")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            out, err = proc.communicate()
+            pytest.fail(f"no run dir of seed {seed} in {sweep}: {err[-2000:]}\n{job_logs(sweep)}")
+        time.sleep(0.2)
+    return run_of(sweep, seed)
 
 
 def wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, sweep: Path, timeout: float = 600) -> None:
@@ -165,7 +185,7 @@ def seeds_sweep(cluster, tmp_path_factory):
 def reference(seeds_sweep) -> Path:
     sweep, done = seeds_sweep
     assert done.returncode == 0, done.stderr[-3000:] + job_logs(sweep)
-    return sweep / "seed=0"
+    return run_of(sweep, 0)
 
 
 def test_the_local_cluster_has_accounting_and_stops_cleanly_twice(tmp_path):
@@ -192,21 +212,22 @@ def test_a_seed_sweep_is_one_job_array_that_completes(cluster, seeds_sweep, refe
     ids = job_ids(sweep)
     assert len(ids) == 2 and len({i.split("_")[0] for i in ids}) == 1, ids  # one array, two jobs
     array = ids[0].split("_")[0]
+    wait_for_state(cluster, array, {"COMPLETED"}, timeout=60)  # a job's end reaches accounting after its result
     states = {row[0]: row[1] for row in sacct(cluster, array, "JobID", "State")}
     assert states == {f"{array}_0": "COMPLETED", f"{array}_1": "COMPLETED"}, states
     # The run dirs, metrics and W&B offline runs that docs/cluster.md describes.
-    runs = sorted(p.parent for p in sweep.glob("*/metrics.jsonl"))
-    assert [r.name for r in runs] == ["seed=0", "seed=1"], runs
+    runs = sorted(p.parent for p in sweep.glob("*/*/metrics.jsonl"))
+    assert [r.name for r in runs] == ["seed=0", "seed=1"] and runs[0].parent == runs[1].parent, runs
     meta = [json.loads((r / "wandb.json").read_text()) for r in runs]
     for run_dir in runs:
-        assert [m["step"] for m in metrics(run_dir) if "train/reward" in m] == [1, 2]
-        assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
+        assert [m["step"] for m in metrics(run_dir) if "train/reward" in m] == [1, 2, 3]
+        assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
         assert list((run_dir / "wandb").glob("offline-run-*"))
     assert len({m["group"] for m in meta}) == 1 and meta[0]["id"] != meta[1]["id"]
     assert all(f"sweep:{sweep.parent.name}/{sweep.name}" in m["tags"] for m in meta), meta
     assert [m["name"].rsplit("-", 1)[1] for m in meta] == ["seed0", "seed1"]
     # sacct answered every poll: no warning about accounting in the submit console.
-    assert "sacct failed" not in done.stderr and "Job completed successfully" in job_logs(sweep)
+    assert "sacct failed" not in done.stderr and "Job completed successfully" in job_logs(sweep, tail=None)
 
 
 def test_two_tasks_are_two_ranks_that_match_one_process(cluster, reference, tmp_path):
@@ -215,17 +236,17 @@ def test_two_tasks_are_two_ranks_that_match_one_process(cluster, reference, tmp_
     float64 bound of the one-process reference."""
     sweep = tmp_path / "multirun" / "ranks"
     done = sweep_run(cluster, sweep, "seed=0", "hydra.launcher.gpus_per_node=2")
-    logs = job_logs(sweep)
-    assert done.returncode == 0, done.stderr[-3000:] + logs
+    assert done.returncode == 0, done.stderr[-3000:] + job_logs(sweep)
+    logs = job_logs(sweep, tail=None)
     script = next((sweep / ".submitit").rglob("*_submission.sh")).read_text()
     assert "#SBATCH --ntasks-per-node=2\n" in script and "#SBATCH --gpus-per-node=2\n" in script
     assert "global_rank=1(2)" in logs and logs.count("2 data-parallel processes") == 1
-    run_dir = sweep / "seed=0"
+    run_dir = run_of(sweep, 0)
     a, b = adapters(run_dir), adapters(reference)
     assert a.keys() == b.keys()
     worst = max(float((a[k][n] - b[k][n]).abs().max()) for k in a for n in a[k])
     assert worst <= ATOL, f"2 ranks differ from one process by {worst:.3g}"
-    assert [m["step"] for m in metrics(run_dir) if "train/reward" in m] == [1, 2]
+    assert [m["step"] for m in metrics(run_dir) if "train/reward" in m] == [1, 2, 3]
 
 
 def test_a_requeued_job_resumes_bitwise(cluster, reference, tmp_path):
@@ -235,13 +256,14 @@ def test_a_requeued_job_resumes_bitwise(cluster, reference, tmp_path):
     sweep = tmp_path / "multirun" / "requeue"
     sweep.parent.mkdir(parents=True)
     proc = submit(cluster, sweep, "seed=0")
-    run_dir = sweep / "seed=0"
+    run_dir = wait_for_run_dir(proc, sweep, 0)
     wait_for_checkpoint(proc, run_dir, sweep)
     (job,) = job_ids(sweep)
     subprocess.run(["scontrol", "requeue", job], env=job_env(cluster), check=True, capture_output=True)
     done = finish(proc)
     logs = job_logs(sweep)
     assert done.returncode == 0, done.stderr[-3000:] + logs
+    wait_for_state(cluster, job, {"COMPLETED"}, timeout=60)
     attempts = [row[0] for row in sacct(cluster, job, "State", duplicates=True)]
     assert attempts[-1] == "COMPLETED" and "REQUEUED" in attempts, attempts
     (record,) = resumes(run_dir)
@@ -250,18 +272,21 @@ def test_a_requeued_job_resumes_bitwise(cluster, reference, tmp_path):
 
 
 def test_a_time_limit_signals_the_job_which_resumes_bitwise(cluster, reference, tmp_path):
-    """A 2-minute job with submitit's signal 90 s before its end (SLURM sends it up to a minute
-    early): submitit requeues it from the signal handler, the next attempt resumes from the last
-    checkpoint (or starts over, before one), and the run ends bitwise as the uninterrupted run."""
+    """A 2-minute job with submitit's signal 80 s before its end, so every attempt gets about 40 s
+    (SLURM may send it up to a minute early): submitit requeues the job from its signal handler,
+    each attempt resumes from the last checkpoint (or starts over, before the first; up to 8
+    times), and the run ends bitwise as the uninterrupted run."""
     sweep = tmp_path / "multirun" / "timeout"
-    done = sweep_run(cluster, sweep, "seed=0", "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=90")
-    logs = job_logs(sweep)
-    assert done.returncode == 0, done.stderr[-3000:] + logs
+    done = sweep_run(cluster, sweep, "seed=0", "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=80",
+                     "hydra.launcher.max_num_timeout=8")
+    assert done.returncode == 0, done.stderr[-3000:] + job_logs(sweep)
+    logs = job_logs(sweep, tail=None)
     assert "Caught signal SIGUSR2" in logs and "timed-out" in logs, logs
     (job,) = job_ids(sweep)
+    wait_for_state(cluster, job, {"COMPLETED"}, timeout=60)
     attempts = [row[0] for row in sacct(cluster, job, "State", duplicates=True)]
     assert attempts[-1] == "COMPLETED" and len(attempts) >= 2, attempts
-    run_dir = sweep / "seed=0"
+    run_dir = run_of(sweep, 0)
     assert all(r.get("slurm", {}).get("job_id") == job for r in resumes(run_dir)) and resumes(run_dir)
     assert_bitwise(run_dir, reference)
 
@@ -276,13 +301,14 @@ def test_a_wrong_override_fails_its_job_in_one_line_and_the_others_finish(cluste
     errors = [x for x in done.stderr.splitlines() if line in x]
     assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     array = job_ids(sweep)[0].split("_")[0]
+    wait_for_state(cluster, array, {"COMPLETED", "FAILED"}, timeout=60)
     states = {row[0]: row[1] for row in sacct(cluster, array, "JobID", "State")}
     assert sorted(states.values()) == ["COMPLETED", "FAILED"], states
     failed = next(j for j, s in states.items() if s == "FAILED")
     failed_log = (sweep / ".submitit" / failed / f"{failed}_0_log.err").read_text()
     assert line in failed_log and "Traceback" not in failed_log, failed_log[-3000:]
-    good = next(p.parent for p in sweep.glob("*/summary.json"))
-    assert "seq_sum" in good.name and json.loads((good / "summary.json").read_text())["steps"] == 1
+    good = next(p.parent for p in sweep.glob("*/*/summary.json"))
+    assert "seq_sum" in good.parent.name and json.loads((good / "summary.json").read_text())["steps"] == 1
 
 
 def test_scancel_leaves_nothing_and_the_same_command_continues(cluster, reference, tmp_path):
@@ -293,7 +319,7 @@ def test_scancel_leaves_nothing_and_the_same_command_continues(cluster, referenc
     sweep.parent.mkdir(parents=True)
     args = ("seed=0,1", "trainer.resume=if_possible")
     proc = submit(cluster, sweep, *args)
-    wait_for_checkpoint(proc, sweep / "seed=0", sweep)
+    wait_for_checkpoint(proc, wait_for_run_dir(proc, sweep, 0), sweep)
     array = job_ids(sweep)[0].split("_")[0]
     subprocess.run(["scancel", array], env=job_env(cluster), check=True, capture_output=True)
     wait_for_state(cluster, array, {"CANCELLED"})
@@ -304,13 +330,13 @@ def test_scancel_leaves_nothing_and_the_same_command_continues(cluster, referenc
     assert not slurm_local.cluster_processes(cluster), "a process of the cancelled array is left"
     from marl_llm.runs.digest import verify  # the trainer's own check: None when the file matches its digest
 
-    for run_dir in (sweep / "seed=0", sweep / "seed=1"):
+    for run_dir in (run_of(sweep, 0), run_of(sweep, 1)):
         for name in ("checkpoint.pt", "checkpoint.prev.pt"):
             if (run_dir / name).exists():
                 assert verify(run_dir / name) is None, f"{run_dir / name} is not whole"
     done = sweep_run(cluster, sweep, *args)
     assert done.returncode == 0, done.stderr[-3000:] + job_logs(sweep)
-    assert_bitwise(sweep / "seed=0", reference)
-    assert any("resumed_from" in r for r in resumes(sweep / "seed=0"))
-    assert json.loads((sweep / "seed=1" / "summary.json").read_text())["steps"] == 2
+    assert_bitwise(run_of(sweep, 0), reference)
+    assert any("resumed_from" in r for r in resumes(run_of(sweep, 0)))
+    assert json.loads((run_of(sweep, 1) / "summary.json").read_text())["steps"] == 3
 
