@@ -185,6 +185,8 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
 SchedulerType=sched/backfill
+# Schedule every few seconds, not every 30-60 s: a requeued job starts again within seconds.
+SchedulerParameters=bf_interval=2,sched_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 ReturnToService=2
