@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -212,3 +213,17 @@ def test_a_failing_sacct_is_said_once(tmp_path):
     both = out + err
     assert both.count("Slurm accounting storage is disabled") == 1, both
     assert "sacct failed (sacct: error: Slurm accounting storage is disabled)" in err and "Bypassing" not in both
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to run as another uid")
+def test_the_local_cluster_refuses_an_ordinary_user_in_one_line(tmp_path):
+    """scripts/slurm_local.py as an ordinary uid: one line naming what it needs, exit 2, nothing started."""
+    from conftest import as_ordinary_uid
+
+    tmp_path.chmod(0o777)
+    argv = as_ordinary_uid([sys.executable, str(REPO / "scripts" / "slurm_local.py"), "start", "--dir",
+                            str(tmp_path / "cluster")], 4242)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 2 and out.stdout == "", out
+    assert out.stderr.count("\n") == 1 and "needs root" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "cluster").exists()

@@ -273,39 +273,59 @@ def test_a_requeued_job_resumes_bitwise(cluster, reference, tmp_path):
     assert_bitwise(run_dir, reference)
 
 
+def elapsed_s(cluster: Path, job: str) -> int:
+    """How long the job's current attempt has run (squeue's [D-]HH:MM:SS or M:SS), in seconds."""
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%M"], env=job_env(cluster), capture_output=True,
+                         text=True, check=True).stdout.strip()
+    days, _, clock = out.rpartition("-")
+    seconds = 0
+    for part in clock.split(":"):
+        seconds = 60 * seconds + int(part)
+    return seconds + 86400 * int(days or 0)
+
+
 def test_a_time_limit_signals_the_job_which_resumes_bitwise(cluster, reference, tmp_path):
-    """A 2-minute job with submitit's signal 90 s before its end (SLURM sends it at about 30 s):
-    submitit's handler requeues the job, which starts again with SLURM_RESTART_COUNT=1 and
-    resumes from its last checkpoint (or starts over, before the first). Once SLURM records the
-    requeue, the test gives the job 10 minutes (scontrol update), so that the next attempt ends
-    the run, bitwise as the uninterrupted one."""
+    """The time limit with the launcher's signal (`--signal=USR2@120`, the preset's): once the
+    first checkpoint is on disk the test cuts the job's limit (scontrol update) to end within the
+    next 60-120 s, so SLURM's signal is due at once, mid-run (SLURM may send it up to a minute
+    early, so a short limit from the start could signal before anything ran). slurmctld checks
+    time limits every 30 s (seen here: a cut limit signalled 17-24 s later), so this job evaluates
+    on 12 problems after training: the rest of the run outlasts that check (the adapters do not
+    depend on the evaluation). submitit's handler requeues the job; the test gives it its 30
+    minutes back; the next attempt resumes from the last checkpoint and the run ends bitwise as
+    the uninterrupted one."""
     sweep = tmp_path / "multirun" / "timeout"
     sweep.parent.mkdir(parents=True)
-    proc = submit(cluster, sweep, "seed=0", "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=90")
+    proc = submit(cluster, sweep, "seed=0", "trainer.eval_max_problems=12")
     run_dir = wait_for_run_dir(proc, sweep, 0)
+    wait_for_checkpoint(proc, run_dir, sweep)
     (job,) = job_ids(sweep)
-    deadline = time.monotonic() + 300
+    limit_min = elapsed_s(cluster, job) // 60 + 2
+    subprocess.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={limit_min}"], env=job_env(cluster), check=True,
+                   capture_output=True)
+    deadline = time.monotonic() + 240
     while "REQUEUED" not in [row[0] for row in sacct(cluster, job, "State", duplicates=True)]:
-        assert proc.poll() is None and time.monotonic() < deadline, job_logs(sweep)
-        time.sleep(1)
-    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], env=job_env(cluster), check=True,
+        assert proc.poll() is None, f"the run ended before SLURM signalled it: {job_logs(sweep)}"
+        assert time.monotonic() < deadline, job_logs(sweep)
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=30"], env=job_env(cluster), check=True,
                    capture_output=True)
     done = finish(proc)
     assert done.returncode == 0, done.stderr[-3000:] + job_logs(sweep)
     logs = job_logs(sweep, tail=None)
-    assert "Caught signal SIGUSR2" in logs and "this job is timed-out" in logs, logs[-3000:]
+    assert "Caught signal SIGUSR2" in logs and "DUE TO JOB REQUEUE" in logs, logs[-3000:]
     wait_for_state(cluster, job, {"COMPLETED"}, timeout=60)
     attempts = [row[0] for row in sacct(cluster, job, "State", duplicates=True)]
-    assert attempts[-1] == "COMPLETED" and "REQUEUED" in attempts, attempts
-    records = resumes(run_dir)
-    assert records and records[-1]["slurm"]["job_id"] == job and records[-1]["slurm"]["restart_count"] >= 1, records
+    assert attempts == ["REQUEUED", "COMPLETED"], attempts
+    (record,) = resumes(run_dir)
+    assert record["step"] >= 1 and record["slurm"] == {"job_id": job, "restart_count": 1}, record
     assert_bitwise(run_dir, reference)
 
 
 def test_a_wrong_override_fails_its_job_in_one_line_and_the_others_finish(cluster, tmp_path):
     sweep = tmp_path / "multirun" / "mixed"
     done = sweep_run(cluster, sweep, "seed=0", "algo.loss_aggregation=seq_sum,banana", "trainer.max_steps=1",
-                     "trainer.save_every=0")
+                     "trainer.save_every=0", "trainer.eval_after=false")
     logs = job_logs(sweep)
     assert done.returncode != 0, done.stdout[-2000:]
     line = "invalid config value algo.loss_aggregation"
