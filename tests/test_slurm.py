@@ -227,3 +227,15 @@ def test_the_local_cluster_refuses_an_ordinary_user_in_one_line(tmp_path):
     assert out.returncode == 2 and out.stdout == "", out
     assert out.stderr.count("\n") == 1 and "needs root" in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert not (tmp_path / "cluster").exists()
+
+
+def test_a_failed_jobs_line_is_the_runs_own_error():
+    """What the sweep prints for a failed job: the run's one-line `error: ...` (the last one), not
+    srun's report of the exit; without one, the last line the job wrote."""
+    from hydra_plugins.marl_llm_launcher.sweep_launcher import error_line
+
+    log = ("submitit INFO ...\nerror: invalid config value algo.loss_aggregation: 'banana' is not one of ...\n"
+           "srun: error: vm: task 0: Exited with exit code 2\n")
+    assert error_line(log) == "invalid config value algo.loss_aggregation: 'banana' is not one of ..."
+    assert error_line("Traceback (most recent call last):\n  ...\nMemoryError\nsrun: error: x\n") == "MemoryError"
+    assert error_line("") == "(no error output)"

@@ -4,7 +4,7 @@ packages, started on this machine by scripts/slurm_local.py, no fake sbatch. Eac
 logs) and the run dirs say: a job array, 2 tasks as 2 torch.distributed ranks, a requeue and a
 time limit resumed bitwise, a wrong override in one job, scancel and a relaunch.
 
-The runs are debug=tiny on the embedded model, three steps with a checkpoint after each. One
+The runs are debug=tiny on the embedded model, two steps with a checkpoint after each. One
 uninterrupted run (seed 0 of the first sweep) is the reference the others are compared with; all
 of them run in float64 with one thread each, so that a comparison across processes (2 ranks
 against one) is the gloo tests' float64 bound (tests/test_distributed.py) and a resumed run is
@@ -34,10 +34,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 CLI = str(VENV_BIN / "marl-llm")
 ATOL = 1e-9  # tests/test_distributed.py's float64 bound for 2 ranks against one process (its docstring)
-# The run every test trains: three steps, a checkpoint after each, the final evaluation on one problem.
+# The run every test trains: two steps, a checkpoint after each, the final evaluation on one problem.
 # The raw baseline (advantage = shifted reward): the adapters move even where every sample of a
 # group scores alike, as the embedded model's do on HumanEval in 8 tokens (tests/test_distributed.py).
-RUN = ["debug=tiny", "model.dtype=float64", "trainer.threads=1", "trainer.max_steps=3", "trainer.save_every=1",
+RUN = ["debug=tiny", "model.dtype=float64", "trainer.threads=1", "trainer.max_steps=2", "trainer.save_every=1",
        "trainer.eval_before=false", "algo.baseline=raw", "algo.sampling.max_new_tokens=8", "algo.sampling.top_p=1.0",
        "algo.learning_rate=1e-3", "algo.lora.r=4", "algo.lora.target_modules=[q_proj,v_proj]", "task.sandbox.workers=1"]
 # This machine's node has 2 CPUs and ~22 GiB: the presets' 8 CPUs and 64 GB per job would never be scheduled.
@@ -222,8 +222,8 @@ def test_a_seed_sweep_is_one_job_array_that_completes(cluster, seeds_sweep, refe
     assert [r.name for r in runs] == ["seed=0", "seed=1"] and runs[0].parent == runs[1].parent, runs
     meta = [json.loads((r / "wandb.json").read_text()) for r in runs]
     for run_dir in runs:
-        assert [m["step"] for m in metrics(run_dir) if "train/reward" in m] == [1, 2, 3]
-        assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
+        assert [m["step"] for m in metrics(run_dir) if "train/reward" in m] == [1, 2]
+        assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
         assert list((run_dir / "wandb").glob("offline-run-*"))
     assert len({m["group"] for m in meta}) == 1 and meta[0]["id"] != meta[1]["id"]
     assert all(f"sweep:{sweep.parent.name}/{sweep.name}" in m["tags"] for m in meta), meta
@@ -248,7 +248,7 @@ def test_two_tasks_are_two_ranks_that_match_one_process(cluster, reference, tmp_
     assert a.keys() == b.keys()
     worst = max(float((a[k][n] - b[k][n]).abs().max()) for k in a for n in a[k])
     assert worst <= ATOL, f"2 ranks differ from one process by {worst:.3g}"
-    assert [m["step"] for m in metrics(run_dir) if "train/reward" in m] == [1, 2, 3]
+    assert [m["step"] for m in metrics(run_dir) if "train/reward" in m] == [1, 2]
 
 
 def test_a_requeued_job_resumes_bitwise(cluster, reference, tmp_path):
@@ -290,13 +290,13 @@ def test_a_time_limit_signals_the_job_which_resumes_bitwise(cluster, reference, 
     next 60-120 s, so SLURM's signal is due at once, mid-run (SLURM may send it up to a minute
     early, so a short limit from the start could signal before anything ran). slurmctld checks
     time limits every 30 s (seen here: a cut limit signalled 17-24 s later), so this job evaluates
-    on 12 problems after training: the rest of the run outlasts that check (the adapters do not
+    on 16 problems after training: the rest of the run outlasts that check (the adapters do not
     depend on the evaluation). submitit's handler requeues the job; the test gives it its 30
     minutes back; the next attempt resumes from the last checkpoint and the run ends bitwise as
     the uninterrupted one."""
     sweep = tmp_path / "multirun" / "timeout"
     sweep.parent.mkdir(parents=True)
-    proc = submit(cluster, sweep, "seed=0", "trainer.eval_max_problems=12")
+    proc = submit(cluster, sweep, "seed=0", "trainer.eval_max_problems=16")
     run_dir = wait_for_run_dir(proc, sweep, 0)
     wait_for_checkpoint(proc, run_dir, sweep)
     (job,) = job_ids(sweep)
@@ -369,5 +369,5 @@ def test_scancel_leaves_nothing_and_the_same_command_continues(cluster, referenc
     assert done.returncode == 0, done.stderr[-3000:] + job_logs(sweep)
     assert_bitwise(run_of(sweep, 0), reference)
     assert any("resumed_from" in r for r in resumes(run_of(sweep, 0)))
-    assert json.loads((run_of(sweep, 1) / "summary.json").read_text())["steps"] == 3
+    assert json.loads((run_of(sweep, 1) / "summary.json").read_text())["steps"] == 2
 
