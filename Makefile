@@ -39,7 +39,10 @@ NUMERICS_ENV ?= OMP_NUM_THREADS=1 MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=defaul
 # The suite on PYTEST_WORKERS processes, a file per worker at a time (pytest-xdist): run one after
 # another, half its tests wait on a console script's start, a sandboxed program or a rank, and one
 # core sat idle. The `exclusive` tests (wall-clock limits, cgroup CPU shares, short collective
-# timeouts) then run alone. `pytest -q` alone runs everything in one process.
+# timeouts) then run alone. `pytest -q` alone runs everything in one process. The `slurm` tests
+# start a real local SLURM cluster (scripts/slurm_local.py; as root it apt-get installs slurm-wlm,
+# slurmdbd, munge and mariadb-server where missing) and skip with one line where it cannot run;
+# under CI=true that skip fails.
 PYTEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not exclusive"

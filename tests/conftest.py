@@ -19,6 +19,23 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The `slurm` tests first: they wait on a scheduler and their jobs' processes, so they start on
+    one pytest-xdist worker while the other runs the rest, instead of ending the run alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI (CI=true, as root) the local SLURM cluster must run: a skipped `slurm` test fails,
+    with the skip's reason (scripts/slurm_local.py's one line)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and item.get_closest_marker("slurm") and os.environ.get("CI", "").lower() == "true":
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome, report.longrepr = "failed", f"CI=true: the slurm tests must run here, but: {reason}"
+
+
 # MARL_LLM_TEST_DEVICE=cuda runs the in-process tests' models on CUDA (the tiny model in bf16:
 # model.dtype=auto); default cpu, so a GPU machine runs the same suite as CI unless asked.
 TEST_DEVICE = os.environ.get("MARL_LLM_TEST_DEVICE", "cpu")

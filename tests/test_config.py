@@ -112,3 +112,19 @@ def test_matched_budget_presets_give_every_method_the_same_joint_actions(task):
     assert len(set(budgets.values())) == 1, budgets
     if task == "coophumaneval":
         assert budgets["magrpo"] == 10_560  # the paper's example
+
+
+def test_a_sweep_of_many_overrides_gets_dir_names_the_file_system_takes():
+    """Hydra names a sweep's subdir after its overrides; past 255 bytes (NAME_MAX) the job could not
+    make its dir. Long ones keep their first whole overrides and a hash of them all: the same
+    command finds the same dir, another configuration gets another."""
+    from marl_llm.configure import SWEEP_NAME_MAX, sweep_subdir
+
+    many = ",".join([f"algo.key_{i}=[a,b]" for i in range(30)])
+    name = sweep_subdir(many, 0)
+    first = name.split("/")[0]
+    assert len(first.encode()) <= SWEEP_NAME_MAX and name.endswith("/seed=0")
+    assert first.startswith("algo.key_0=[a,b],algo.key_1=[a,b],") and "+" in first  # whole overrides, brackets kept
+    assert sweep_subdir(many, 0) == name and sweep_subdir(many, 1) == f"{first}/seed=1"
+    assert sweep_subdir(many.replace("key_29=[a,b]", "key_29=[a,c]"), 0) != name
+    assert sweep_subdir("algo.baseline=rloo", 2) == "algo.baseline=rloo/seed=2" and sweep_subdir("", 2) == "seed=2"

@@ -23,9 +23,11 @@ def pyproject() -> dict:
 
 
 def shipped_dirs() -> set[str]:
-    """Package names of the directories that hold files to ship: src/marl_llm/** and conf/**."""
+    """Package names of the directories that hold files to ship: src/marl_llm/**, conf/** and the
+    Hydra launchers under src/hydra_plugins/ (a namespace package: itself holds no file)."""
     found = set()
-    for root, package in ((REPO / "src" / "marl_llm", "marl_llm"), (REPO / "conf", "marl_llm.conf")):
+    for root, package in ((REPO / "src" / "marl_llm", "marl_llm"), (REPO / "conf", "marl_llm.conf"),
+                          (REPO / "src" / "hydra_plugins", "hydra_plugins")):
         for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
             if "__pycache__" in d.parts or not any(f.is_file() and f.suffix != ".pyc" for f in d.iterdir()):
                 continue

@@ -1,14 +1,14 @@
 """Cluster sweeps through hydra-submitit-launcher: the launcher presets (conf/hydra/launcher/), the
 machine settings from the untracked conf/local/default.yaml, the sbatch script a sweep submits
-(fake sbatch, no SLURM needed) and a real 2-job sweep through submitit's local executor."""
+(fake sbatch, no SLURM needed). Sweeps through a real scheduler: tests/test_slurm_cluster.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,13 +18,12 @@ from conftest import REPO, VENV_BIN
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the `slurm` extra is not installed")
 
-# Runs alone in `make test` (after the parallel part): submitit's local jobs and their ranks.
-pytestmark = pytest.mark.exclusive
-
-
 CLI = str(VENV_BIN / "marl-llm")
-SLURM_TARGET = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
-LOCAL_TARGET = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
+# The presets' launchers (src/hydra_plugins/marl_llm_launcher/sweep_launcher.py) and the plugin's own, which they extend.
+SLURM_TARGET = "hydra_plugins.marl_llm_launcher.sweep_launcher.SlurmLauncher"
+LOCAL_TARGET = "hydra_plugins.marl_llm_launcher.sweep_launcher.LocalLauncher"
+PLUGIN_SLURM = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+PLUGIN_LOCAL = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
 LOCAL_CFG = """\
 # @package _global_
 cluster:
@@ -102,7 +101,8 @@ def test_the_example_local_config_composes_with_every_launcher(tmp_path, launche
     if launcher in (None, "basic"):
         assert lc._target_ == "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
     elif launcher in ("local", "submitit_local"):
-        assert lc._target_ == LOCAL_TARGET and lc.tasks_per_node == 1 and "partition" not in lc
+        assert lc._target_ == (LOCAL_TARGET if launcher == "local" else PLUGIN_LOCAL)
+        assert lc.tasks_per_node == 1 and "partition" not in lc
     else:
         assert lc._target_ == SLURM_TARGET and (lc.partition, lc.account) == ("gpu", "my_project")
 
@@ -215,53 +215,27 @@ def test_a_failing_sacct_is_said_once(tmp_path):
     assert "sacct failed (sacct: error: Slurm accounting storage is disabled)" in err and "Bypassing" not in both
 
 
-def run_sweep(args: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """Run the CLI in its own process group: submitit's local controllers and job processes stay
-    in it, so a timeout kills them all (they ignore SIGTERM, and outlive the CLI otherwise)."""
-    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"the sweep ran past {timeout} s:\n{stderr[-3000:]}")
-    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to run as another uid")
+def test_the_local_cluster_refuses_an_ordinary_user_in_one_line(tmp_path):
+    """scripts/slurm_local.py as an ordinary uid: one line naming what it needs, exit 2, nothing started."""
+    from conftest import as_ordinary_uid
+
+    tmp_path.chmod(0o777)
+    argv = as_ordinary_uid([sys.executable, str(REPO / "scripts" / "slurm_local.py"), "start", "--dir",
+                            str(tmp_path / "cluster")], 4242)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 2 and out.stdout == "", out
+    assert out.stderr.count("\n") == 1 and "needs root" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "cluster").exists()
 
 
-@pytest.mark.slow
-def test_submitit_local_sweep_end_to_end(tmp_path):
-    """Two runs (seeds 0, 1) of the real job on the embedded model through submitit's local
-    executor: the same launcher code path as on SLURM (pickled job, submitit's job environment,
-    logs in the sweep dir), on this machine. Both jobs run at once: one torch thread each."""
-    sweep = tmp_path / "multirun" / "sweep1"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(WANDB_MODE="offline", WANDB_SILENT="true", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    out = run_sweep([CLI, "-m", "hydra/launcher=submitit_local", "seed=0,1", "logger=wandb", "algo.num_turns=1",
-                     "algo.num_generations=2", "algo.sampling.max_new_tokens=6", "algo.lora.r=4",
-                     "algo.lora.target_modules=[q_proj,v_proj]", "trainer.max_steps=1", "trainer.eval_before=false",
-                     "trainer.eval_max_problems=1", "task.sandbox.workers=1", f"hydra.sweep.dir={sweep}"],
-                    tmp_path, env, timeout=300)
-    logs = "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted(sweep.glob(".submitit/*/*_log.*")))
-    assert out.returncode == 0, out.stderr[-3000:] + logs
-    metrics = sorted(sweep.rglob("metrics.jsonl"))
-    assert {p.parent.name for p in metrics} == {"seed=0", "seed=1"}, (metrics, logs)
-    for run_dir in (p.parent for p in metrics):
-        assert (run_dir / "summary.json").is_file() and (run_dir / "wandb.json").is_file(), logs
-        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        assert any("train/reward" in r for r in rows) and any("eval/pass@1" in r for r in rows)
-        assert list((run_dir / "wandb").glob("offline-run-*")), "W&B should have logged offline"
-    # One setting, two seeds: one W&B group (the config but the seed); the names differ by seed only.
-    runs = [json.loads(p.with_name("wandb.json").read_text()) for p in metrics]
-    assert len({r["group"] for r in runs}) == 1
-    assert runs[0]["group"].startswith("magrpo-humaneval-smollm2-135m-instruct-")
-    assert all("sweep:multirun/sweep1" in r["tags"] for r in runs)
-    assert {r["name"] for r in runs} == {"magrpo-humaneval-smollm2-135m-instruct-seed0",
-                                        "magrpo-humaneval-smollm2-135m-instruct-seed1"}
-    assert runs[0]["id"] != runs[1]["id"]
-    # submitit's own files (pickles, per-task logs) sit in the sweep dir: one folder per job.
-    job_dirs = [d for d in (sweep / ".submitit").iterdir() if list(d.glob("*_0_log.out"))]
-    assert len(job_dirs) == 2
-    for d in job_dirs:
-        assert "Job completed successfully" in next(d.glob("*_0_log.out")).read_text()
-        assert list(d.glob("*_submitted.pkl")) and list(d.glob("*_0_result.pkl"))
+def test_a_failed_jobs_line_is_the_runs_own_error():
+    """What the sweep prints for a failed job: the run's one-line `error: ...` (the last one), not
+    srun's report of the exit; without one, the last line the job wrote."""
+    from hydra_plugins.marl_llm_launcher.sweep_launcher import error_line
+
+    log = ("submitit INFO ...\nerror: invalid config value algo.loss_aggregation: 'banana' is not one of ...\n"
+           "srun: error: vm: task 0: Exited with exit code 2\n")
+    assert error_line(log) == "invalid config value algo.loss_aggregation: 'banana' is not one of ..."
+    assert error_line("Traceback (most recent call last):\n  ...\nMemoryError\nsrun: error: x\n") == "MemoryError"
+    assert error_line("") == "(no error output)"

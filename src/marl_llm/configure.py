@@ -353,11 +353,33 @@ def public_config_groups(searchpath: Any = None) -> str:
     return "\n".join(lines)
 
 
-# Sweep subdirs: <overrides>/seed=<s>, so the seeds of one configuration sit side by side (and a
-# seed-only sweep gets seed=<s>, not an absolute "/seed=<s>").
-OmegaConf.register_new_resolver(
-    "marl_llm_sweep_subdir", lambda overrides, seed: f"{overrides}/seed={seed}" if overrides else f"seed={seed}",
-    replace=True)
+# A sweep subdir's overrides part, in bytes: file systems refuse a name past 255 (NAME_MAX), which
+# a dozen overrides reach; room is left for the suffix below.
+SWEEP_NAME_MAX = 200
+
+
+def sweep_subdir(overrides: str, seed: Any) -> str:
+    """<overrides>/seed=<s>, so that the seeds of one configuration sit side by side (a seed-only
+    sweep: seed=<s>, not an absolute "/seed=<s>"). Overrides longer than SWEEP_NAME_MAX bytes keep
+    their first whole ones and end in `,+<n more>-<hash of them all>`: one dir per configuration,
+    the same one for the same command (a relaunched sweep finds its runs); the run dir's
+    .hydra/overrides.yaml lists them all."""
+    if not overrides:
+        return f"seed={seed}"
+    name = str(overrides)
+    if len(name.encode()) > SWEEP_NAME_MAX:
+        import hashlib
+
+        items = re.split(r",(?![^\[\]{}()]*[\]})])", name)  # commas outside [...], {...}, (...)
+        digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+        kept: list[str] = []
+        while len(items) > len(kept) and len(",".join([*kept, items[len(kept)]]).encode()) <= SWEEP_NAME_MAX - 30:
+            kept.append(items[len(kept)])
+        name = ",".join([*kept, f"+{len(items) - len(kept)}more-{digest}"])
+    return f"{name}/seed={seed}"
+
+
+OmegaConf.register_new_resolver("marl_llm_sweep_subdir", sweep_subdir, replace=True)
 OmegaConf.register_new_resolver("marl_llm_run_dir", run_dir_of_job, replace=True)
 OmegaConf.register_new_resolver("marl_llm_model_dir_name", model_dir_name, replace=True)
 OmegaConf.register_new_resolver("marl_llm_data_split", data_split, replace=True)

@@ -56,6 +56,17 @@ def requeued() -> bool:
     return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
 
 
+def slurm_attempt() -> dict[str, Any]:
+    """What a resume record says of the SLURM job it runs in: {"slurm": {"job_id": "<array>_<index>"
+    (or the plain id), "restart_count": n}}, n > 0 for a requeued job; {} outside SLURM."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return {}
+    array, index = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job_id = f"{array}_{index}" if array and index else job
+    return {"slurm": {"job_id": job_id, "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)}}
+
+
 def held(run_dir: Path) -> list[str]:
     """The files that show run_dir holds a run (started, checkpointed or logging)."""
     return [name for name in (RUN_MARKER, CHECKPOINT, PREVIOUS, METRICS) if (run_dir / name).exists()]

@@ -177,7 +177,8 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
         if resume != "off" and ckpt is None:  # if_possible, and nothing to continue from
             moved = rundir.set_aside(run_dir)
             if moved:
-                rundir.record(run_dir, {"started_over": True, "why": "no checkpoint", "set_aside": moved})
+                rundir.record(run_dir, {"started_over": True, "why": "no checkpoint", "set_aside": moved,
+                                        **rundir.slurm_attempt()})
                 say(f"no checkpoint in {run_dir} to resume from: starting over at step 0; the earlier attempt's "
                     f"files are kept as {', '.join(moved.values())}")
             else:
@@ -200,7 +201,7 @@ def _train(cfg: DictConfig, progress: Progress) -> float:
         run.schedulers = lr_schedulers(list(policies.optimizers.values()), cfg.algo, max_steps, start_step)
         if w.is_main:
             rundir.record(run_dir, {"resumed_from": ckpt["path"], "step": start_step, "changes": {
-                k: list(v) for k, v in changes.items() if k != "trainer.resume"}})
+                k: list(v) for k, v in changes.items() if k != "trainer.resume"}, **rundir.slurm_attempt()})
         say(f"resumed from {ckpt['path']} at step {start_step}"
             + (f" (changed: {', '.join(k for k in changes if k != 'trainer.resume')})"
                if set(changes) - {"trainer.resume"} else ""))
