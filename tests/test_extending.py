@@ -105,10 +105,13 @@ def user_dir(tmp_path: Path) -> Path:
 
 
 def tiny(model_dir: Path, run_dir: Path) -> list[str]:
+    """One tiny step and no held-out evaluation (these tests check what the plugins reach in
+    training; marl-llm-eval on a plugin task's run is checked on its own)."""
     return ["model=local", f"model.path={model_dir}", f"model.device={TEST_DEVICE}", "logger=none",
             f"hydra.run.dir={run_dir}", "algo.num_generations=2", "algo.num_turns=1", "algo.sampling.max_new_tokens=4",
             "algo.lora.r=4", "algo.lora.target_modules=[q_proj,v_proj]", "trainer.max_steps=1",
-            "trainer.eval_max_problems=1", "trainer.export_agents=false"]
+            "trainer.eval_max_problems=1", "trainer.eval_before=false", "trainer.eval_after=false",
+            "trainer.export_agents=false"]
 
 
 def marl_llm(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:

@@ -177,10 +177,13 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
             "lever_rounds": 3}
 
 
-def run_scaling(base: Workload, axes: dict[str, list[int]], steps: int, log_dir: Path) -> list[dict[str, Any]]:
+def run_scaling(base: Workload, axes: dict[str, list[int]], steps: int, log_dir: Path,
+                known: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """marl-llm alone, one worker per point; every axis doubles from the base workload (the base
-    point, shared by the three axes, runs once)."""
-    points, measured = [], {}
+    point, shared by the three axes, runs once). `known`: results already measured, by workload
+    JSON (the magrpo group's marl_magrpo is the base point: the same system on the same workload,
+    over at least as many steps), which are not run again."""
+    points, measured = [], dict(known or {})
     for axis, values in axes.items():
         for v in values:
             w = dataclasses.replace(base, **{axis: v})
@@ -285,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
         print("[bench] rollout levers ...", flush=True)
         report["levers"] = measure_levers(p["magrpo"], p["lever_rounds"])
     if not args.no_scaling:
-        report["scaling"] = run_scaling(p["magrpo"], p["scaling"], p["scaling_steps"], log_dir)
+        ours = report["groups"].get("magrpo", {}).get("marl_magrpo")
+        known = {p["magrpo"].to_json(): ours} if ours and "error" not in ours and p["steps"] >= p["scaling_steps"] else {}
+        report["scaling"] = run_scaling(p["magrpo"], p["scaling"], p["scaling_steps"], log_dir, known)
     if not args.no_profile:
         path = out / "bench_profile.md"
         report["profile_error"] = profile_marl(p["magrpo"], p["profile_steps"], path, log_dir)
