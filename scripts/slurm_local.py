@@ -327,9 +327,12 @@ def _start(root: Path, install_missing: bool) -> dict:
     wait_for("munged", sock.exists, root, state["pids"]["munged"])
 
     data = root / "db" / "data"
-    subprocess.run([program("mariadb-install-db"), "--no-defaults", f"--datadir={data}", "--user=root",
-                    "--auth-root-authentication-method=socket", "--skip-test-db"],
-                   check=True, capture_output=True, text=True)
+    made = subprocess.run([program("mariadb-install-db"), "--no-defaults", f"--datadir={data}", "--user=root",
+                           "--auth-root-authentication-method=socket", "--skip-test-db"],
+                          capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        raise Refused(f"mariadb-install-db failed (exit {made.returncode}): "
+                      f"{' | '.join((made.stderr or made.stdout).strip().splitlines()[-6:])}")
     db_sock = root / "run" / "mariadb.sock"
     state["pids"]["mariadbd"] = spawn(root, "mariadbd", [
         program("mariadbd"), "--no-defaults", f"--datadir={data}", f"--socket={db_sock}", f"--port={ports['mariadbd']}",

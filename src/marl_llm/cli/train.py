@@ -375,8 +375,24 @@ def main() -> None:
         sys.exit(130)
 
 
+def expose_sweep_launchers() -> None:
+    """Hydra finds launcher classes by walking the directories of the `hydra_plugins` namespace
+    package. An editable install (`pip install -e`: setuptools' import finder) maps
+    hydra_plugins.marl_llm_launcher without a directory there, so the walk missed the presets'
+    launchers ("Unknown plugin class"); its directory is added before Hydra's first scan."""
+    try:
+        import hydra_plugins
+        from hydra_plugins import marl_llm_launcher
+    except ImportError:  # no `slurm` extra: no launcher of ours to find
+        return
+    folder = str(Path(marl_llm_launcher.__file__).resolve().parent.parent)
+    if folder not in list(hydra_plugins.__path__):
+        hydra_plugins.__path__.append(folder)
+
+
 def _main() -> None:
     args = sys.argv[1:]
+    expose_sweep_launchers()
     err, searchpath = lookalike_error(args) or grammar_error(args) or exclusive_flags_error(args), []
     if err is None:
         try:  # the algorithms, tasks and plugins register their schemas before the overrides are read
