@@ -30,10 +30,25 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def pytest_collection_modifyitems(config, items):
-    """The `slurm` tests first: they wait on a scheduler and their jobs' processes, so they start on
-    one pytest-xdist worker while the other runs the rest, instead of ending the run alone."""
-    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)
+# Test files that start first in make test's parallel part: the `slurm` tests wait on a scheduler
+# and their jobs' processes, so they run on one pytest-xdist worker while the other takes the rest,
+# instead of ending the run alone (xdist orders files by their number of tests, few last).
+FIRST_FILES = ("test_slurm_cluster.py",)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, FIRST_FILES handed out before the rest."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FirstFilesFirst(LoadFileScheduling):
+        def _assign_work_unit(self, node):
+            for scope in [s for s in self.workqueue if Path(s.split("::")[0]).name in FIRST_FILES]:
+                self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+    return FirstFilesFirst(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)
