@@ -30,10 +30,13 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-# Test files that start first in make test's parallel part: the `slurm` tests wait on a scheduler
-# and their jobs' processes, so they run on one pytest-xdist worker while the other takes the rest,
-# instead of ending the run alone (xdist orders files by their number of tests, few last).
-FIRST_FILES = ("test_slurm_cluster.py",)
+# Test files that start first in make test's parallel part, in this order: xdist hands files out
+# by their number of tests, most first, so these few long ones came last and ran alone at the end.
+# The `slurm` tests (minutes of jobs on a scheduler) start first on one worker while the other
+# takes the rest; then the long few-test files, so that many short files end the run on both.
+FIRST_FILES = ("test_slurm_cluster.py", "test_bench.py", "test_sharded_training.py", "test_bench_peers.py",
+               "test_fsdp.py", "test_sharded_loading.py", "test_bench_gpu.py", "test_docs.py", "test_trainer.py",
+               "test_bench_reward_hacks.py", "test_bench_collm_cost.py", "test_main_job.py")
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -44,8 +47,10 @@ def pytest_xdist_make_scheduler(config, log):
 
     class FirstFilesFirst(LoadFileScheduling):
         def _assign_work_unit(self, node):
-            for scope in [s for s in self.workqueue if Path(s.split("::")[0]).name in FIRST_FILES]:
-                self.workqueue.move_to_end(scope, last=False)
+            first = {Path(s.split("::")[0]).name: s for s in self.workqueue}
+            for name in reversed(FIRST_FILES):
+                if name in first:
+                    self.workqueue.move_to_end(first[name], last=False)
             super()._assign_work_unit(node)
 
     return FirstFilesFirst(config, log)
