@@ -11,8 +11,9 @@ service started or configured. Clients reach it through `SLURM_CONF=<dir>/etc/sl
 
 The node has this machine's CPUs and memory (`slurmd -C`), one partition `debug` plus a higher
 tier `urgent` that preempts it (PreemptMode=REQUEUE), `select/cons_tres`, and `JobRequeue=1`. It
-also declares `gpu` GRES with no device files, one per CPU, so that the launcher presets' GPU keys
-(`hydra.launcher.gpus_per_node=2`) are scheduled as on a GPU cluster; the tasks still run on the CPU.
+also declares one `gpu` GRES per CPU, each a plain file standing in for a device, so that the
+launcher presets' GPU keys (`hydra.launcher.gpus_per_node=2`) are scheduled as on a GPU cluster;
+the tasks still run on the CPU.
 
 It needs root (slurmd starts each job as its user). As root, `start --install` installs the
 packages with apt-get where they are missing (no service is started by the packages). Stopping
@@ -159,7 +160,8 @@ def node_line() -> tuple[str, int, int]:
     return " ".join(f"{k}={v}" for k, v in fields.items()), fields["NodeName"], int(fields["CPUs"])
 
 
-def write_configs(root: Path, ports: dict[str, int], db_password: str) -> dict[str, Path]:
+def write_configs(root: Path, ports: dict[str, int], db_password: str) -> tuple[dict[str, Path], str]:
+    """The config files (slurm.conf, gres.conf, slurmdbd.conf, cgroup.conf) and the node's name."""
     etc, spool, logs, run = (root / d for d in ("etc", "spool", "log", "run"))
     node, name, cpus = node_line()
     munge_socket = run / "munge.socket"
@@ -241,7 +243,7 @@ StorageLoc=slurm_acct_db
     fd = os.open(paths["dbd"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds the DB password
     with os.fdopen(fd, "w") as f:
         f.write(dbd_conf)
-    return paths
+    return paths, name
 
 
 def spawn(root: Path, name: str, argv: list[str], env: dict | None = None) -> int:
@@ -304,12 +306,12 @@ def _start(root: Path, install_missing: bool) -> dict:
     for sub in ("etc", "spool/ctld", "spool/d", "log", "run", "munge", "db"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)
-    for sub in ("munge", "run", "db"):  # munged refuses a key or socket dir others may write
+    for sub in ("munge", "db"):  # munged refuses a key dir others may read or write
         (root / sub).chmod(0o700)
     (root / "run").chmod(0o755)  # the socket dir: clients of every user reach munged through it
     ports = {name: free_port() for name in ("mariadbd", "slurmdbd", "slurmctld", "slurmd")}
     db_password = secrets.token_hex(16)
-    paths = write_configs(root, ports, db_password)
+    paths, node = write_configs(root, ports, db_password)
     state = {"dir": str(root), "ports": ports, "pids": {}, "slurm_conf": str(paths["slurm"])}
     write_state(root, state)
     env = client_env(root)
@@ -343,19 +345,16 @@ def _start(root: Path, install_missing: bool) -> dict:
     run_sql(root, f"CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{db_password}'; "
                   "CREATE DATABASE slurm_acct_db; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
 
-    daemon_env = {**env, "SLURM_CONF": str(paths["slurm"])}
-    state["pids"]["slurmdbd"] = spawn(root, "slurmdbd", [program("slurmdbd"), "-D"],
-                                      env={**daemon_env, "SLURM_CONF": str(paths["slurm"])})
-    # slurmdbd reads slurmdbd.conf from SLURM_CONF's folder.
+    # slurmdbd reads slurmdbd.conf from SLURM_CONF's folder (env's, as every client's).
+    state["pids"]["slurmdbd"] = spawn(root, "slurmdbd", [program("slurmdbd"), "-D"], env=env)
     write_state(root, state)
     wait_for("slurmdbd", lambda: _listening(ports["slurmdbd"]), root, state["pids"]["slurmdbd"])
     state["pids"]["slurmctld"] = spawn(root, "slurmctld", [program("slurmctld"), "-D", "-c", "-i", "-f", str(paths["slurm"])],
-                                       env=daemon_env)
+                                       env=env)
     write_state(root, state)
     wait_for("slurmctld", lambda: _listening(ports["slurmctld"]), root, state["pids"]["slurmctld"])
-    _, name, _ = node_line()
-    state["pids"]["slurmd"] = spawn(root, "slurmd", [program("slurmd"), "-D", "-N", name, "-f", str(paths["slurm"])],
-                                    env=daemon_env)
+    state["pids"]["slurmd"] = spawn(root, "slurmd", [program("slurmd"), "-D", "-N", node, "-f", str(paths["slurm"])],
+                                    env=env)
     write_state(root, state)
     wait_for("slurmd", lambda: sinfo_state(env) == "idle" and sacct_answers(env), root, state["pids"]["slurmd"])
     return state

@@ -64,7 +64,7 @@ def failure_line(job: Any, overrides: Sequence[str]) -> str:
         stderr = ""
     # SLURM's state where it says more than "failed" (CANCELLED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL);
     # right after the job ends sacct may still say RUNNING or UNKNOWN.
-    state = str(getattr(job, "state", "")).split()[0] if str(getattr(job, "state", "")).strip() else ""
+    state = (str(getattr(job, "state", "")).split() or [""])[0]
     how = f" ({state})" if state not in ("", "FAILED", "UNKNOWN", "RUNNING", "COMPLETED", "PENDING") else ""
     return (f"error: job {job.job_id} ({' '.join(overrides) or 'no overrides'}) failed{how}: "
             f"{error_line(stderr)}; its log: {job.paths.stderr}")

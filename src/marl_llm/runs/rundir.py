@@ -51,9 +51,14 @@ LEFTOVER = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$|^\.agents\.tmp-[a-z0-9_]{8}$")
 log = logging.getLogger("marl_llm")
 
 
+def _restart_count() -> int:
+    """How often SLURM has requeued this job (SLURM_RESTART_COUNT; 0 outside SLURM)."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
 def requeued() -> bool:
     """A SLURM job that was requeued (timeout, pre-emption): it resumes without being told."""
-    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
+    return _restart_count() > 0
 
 
 def slurm_attempt() -> dict[str, Any]:
@@ -64,7 +69,7 @@ def slurm_attempt() -> dict[str, Any]:
         return {}
     array, index = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
     job_id = f"{array}_{index}" if array and index else job
-    return {"slurm": {"job_id": job_id, "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)}}
+    return {"slurm": {"job_id": job_id, "restart_count": _restart_count()}}
 
 
 def held(run_dir: Path) -> list[str]:

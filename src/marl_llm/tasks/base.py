@@ -179,6 +179,13 @@ class Task(ABC):
                 "Revise your draft so that your part and theirs work together. Output only your revised part.")
 
 
+def take_task_metrics(task: Any) -> dict[str, float]:
+    """`task.take_metrics()`, and {} for a task written to the interface without subclassing Task
+    (it has no such hook, and no metrics of its own)."""
+    take = getattr(task, "take_metrics", None)
+    return take() if take is not None else {}
+
+
 def seed_problems(name: str, split: str, num_train: int, eval_seed: int, num_eval: int) -> list[Problem]:
     """The problems of a task whose instances are generated from seeds (the grid games, task=env):
     training seeds 0 .. num_train - 1, evaluation seeds eval_seed .. eval_seed + num_eval - 1."""

@@ -38,10 +38,11 @@ PROGRESS = logging.getLogger("marl_llm.progress")
 def evaluate(algo: "Algorithm", problems: "list[Problem]", trainer_cfg: Any) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """`_evaluate`, with the task's own metrics of this evaluation's rollouts (task=env:
     observations/clipped_ratio)."""
-    task_metrics = getattr(algo.task, "take_metrics", dict)  # a task without the hook (duck-typed) has none
-    task_metrics()  # what the training rollouts left is theirs
+    from marl_llm.tasks.base import take_task_metrics
+
+    take_task_metrics(algo.task)  # what the training rollouts left is theirs
     metrics, rows = _evaluate(algo, problems, trainer_cfg)
-    metrics.update(task_metrics())
+    metrics.update(take_task_metrics(algo.task))
     return metrics, rows
 
 

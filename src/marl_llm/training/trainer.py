@@ -42,6 +42,7 @@ from marl_llm.runs.sharded_checkpoint import is_sharded_run, read_any_checkpoint
     save_sharded_checkpoint
 from marl_llm.runs.summary import first_train_reward, held_out_line, logged_eval, write_summary
 from marl_llm.tasks import Problem
+from marl_llm.tasks.base import take_task_metrics
 from marl_llm.training.console import Watch, console_logging, format_metrics, step_line
 from marl_llm.training.data_order import batch_for_step, ends_epoch
 from marl_llm.training.episodes import JointTree
@@ -79,11 +80,10 @@ def train_step(run: Setup, cfg: DictConfig, step: int,
         problems = batch_for_step(run.train_set, step, cfg.trainer.prompts_per_step, cfg.seed, cfg.trainer.data_order)
         problems = problems if by_actions else distributed.shard(problems)
     PROGRESS.debug("phase", extra={"phase": "rollout"})  # the console's progress (Watch)
-    take_task_metrics = getattr(algo.task, "take_metrics", dict)  # a task without the hook (duck-typed) has none
-    take_task_metrics()  # the task's own metrics count this step's rollout only, from here
+    take_task_metrics(algo.task)  # the task's own metrics count this step's rollout only, from here
     with fsdp.unsharded(policies, cfg.trainer.fsdp_unshard_rollout):  # every rank collects once per step
         tree = algo.collect(problems)
-    task_metrics = take_task_metrics()  # task=env: observations/clipped_ratio
+    task_metrics = take_task_metrics(algo.task)  # task=env: observations/clipped_ratio
     run.rollout.release()  # the update gets the rollout's memory (vLLM sleeps, kept KV caches go)
     t_rollout = run.meter.mark("rollout")
     PROGRESS.debug("phase", extra={"phase": "update"})
