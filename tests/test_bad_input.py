@@ -463,3 +463,17 @@ def test_a_team_reward_that_raises_is_one_line(tmp_path, tiny_model_dir):
                                   {"PYTHONPATH": str(tmp_path), "PYTHONWARNINGS": "ignore"}))
     assert "task.reward=my_team:reward raised ZeroDivisionError: division by zero on " in line
     assert "at my_team.py:5 in reward: fix the function" in line
+
+
+def test_ranks_sharing_a_stderr_pipe_never_run_their_error_lines_together():
+    """Two processes writing error lines to one pipe, unbuffered as torchrun's and srun's ranks run
+    (PYTHONUNBUFFERED): each line arrives whole. print() wrote the text and its newline apart, and
+    CI saw `...one)error: ...` on one line from two ranks."""
+    writer = ("from marl_llm.config import print_stderr_line\n"
+              "for _ in range(3000): print_stderr_line('error: ' + 'x' * 300)")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    both = (f"{shlex.quote(sys.executable)} -c {shlex.quote(writer)} & "
+            f"{shlex.quote(sys.executable)} -c {shlex.quote(writer)}; wait")
+    out = subprocess.run(["bash", "-c", both], capture_output=True, text=True, env=env, timeout=120)
+    lines = out.stderr.splitlines()
+    assert len(lines) == 6000 and all(line == "error: " + "x" * 300 for line in lines)

@@ -12,6 +12,7 @@ generic checks (check_value, check_choice, ...) live here: plugins' schemas use 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -21,6 +22,14 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 class UserError(ValueError):
     """A mistake in the user's input. The CLI prints the message (which names the fix) and exits 2."""
+
+
+def print_stderr_line(line: str) -> None:
+    """Write `line` and its newline to stderr in one write. Ranks of one job share a stderr pipe
+    (torchrun, srun): print() writes the text and the newline apart, which under PYTHONUNBUFFERED
+    let two ranks' lines run together ("...one)error: ..."); one write under 4 KiB to a pipe is atomic."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 # --------------------------------------------------------------------------------------- model

@@ -31,7 +31,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from marl_llm.runs.atomic import atomic_write_text
-from marl_llm.config import UserError
+from marl_llm.config import UserError, print_stderr_line
 from marl_llm.runs.rundir import CHECKPOINT, PREVIOUS
 
 EVALS_DIR = "evals"
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         evaluate_run(args)
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print_stderr_line(f"error: {err}")
         sys.exit(2)
 
 

@@ -19,7 +19,8 @@ from marl_llm.runs import NOT_STARTED  # light: the handler must import nothing 
 
 
 def _before_the_run(signum, frame) -> None:
-    print(NOT_STARTED, file=sys.stderr, flush=True)
+    sys.stderr.write(NOT_STARTED + "\n")  # one write: ranks share the pipe (config.print_stderr_line)
+    sys.stderr.flush()
     os._exit(130)  # 128 + SIGINT, as a shell reports it
 
 

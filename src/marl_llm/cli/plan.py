@@ -18,7 +18,7 @@ import sys
 
 from omegaconf import OmegaConf, open_dict
 
-from marl_llm.config import UserError
+from marl_llm.config import UserError, print_stderr_line
 
 DEFAULT_GPUS = 1
 # An "80 GB" H100 as torch.cuda.get_device_properties(...).total_memory and nvidia-smi report it:
@@ -92,10 +92,10 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(err)
         lines, fits = plan_lines(argv)
     except UserError as err:
-        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        print_stderr_line(f"error: {str(err).splitlines()[0]}")
         sys.exit(2)
     except HydraException as err:
-        print(f"error: {_hydra_line(err)}", file=sys.stderr)
+        print_stderr_line(f"error: {_hydra_line(err)}")
         sys.exit(2)
     print("\n".join(lines))
     sys.exit(0 if fits else 1)

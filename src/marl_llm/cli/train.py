@@ -17,7 +17,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from marl_llm.config import TrainerConfig, UserError
+from marl_llm.config import TrainerConfig, UserError, print_stderr_line
 from marl_llm.config_keys import walk_key
 from marl_llm.configure import (add_overrides, config_dir, default_dir_pattern, default_run_dir, group_choice_error,
                                map_overrides, option_schemas, plugin_overrides, plugins_from_overrides,
@@ -39,18 +39,18 @@ def _hydra_main(cfg: DictConfig) -> float:
         return train(cfg)
     except UserError as err:
         take_back()  # the run dir this command made, if the run never started in it
-        print(f"error: {err}", file=sys.stderr)
+        print_stderr_line(f"error: {err}")
         sys.exit(2)
     except Interrupted as stop:  # Ctrl-C: one line (where it stopped, how to go on), the shell's 128 + SIGINT
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run is over: another Ctrl-C must not cut this line
         take_back()
         if stop.main:
-            print(stop, file=sys.stderr, flush=True)
+            print_stderr_line(str(stop))
         sys.exit(130)
     except KeyboardInterrupt:  # before the run claimed its dir: nothing there to continue
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         take_back()
-        print(NOT_STARTED, file=sys.stderr, flush=True)
+        print_stderr_line(NOT_STARTED)
         sys.exit(130)
 
 
@@ -371,7 +371,7 @@ def main() -> None:
         from marl_llm.runs.rundir import NOT_STARTED
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        print(NOT_STARTED, file=sys.stderr, flush=True)
+        print_stderr_line(NOT_STARTED)
         sys.exit(130)
 
 
@@ -404,7 +404,7 @@ def _main() -> None:
         sys.argv[1:] = plugin_overrides(sys.argv[1:], searchpath)
         err = group_choice_error(sys.argv[1:]) or unknown_key_error(sys.argv[1:])
     if err:
-        print(f"error: {err}", file=sys.stderr)
+        print_stderr_line(f"error: {err}")
         sys.exit(2)
     sys.argv[1:] = map_overrides(sys.argv[1:])
     try:
@@ -412,7 +412,7 @@ def _main() -> None:
         named_dir_check(sys.argv[1:])  # every rank, before rank_overrides' first collective
         sys.argv[1:] = add_overrides(sys.argv[1:], rank_overrides(sys.argv[1:]))
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_stderr_line(f"error: {e}")
         sys.exit(2)
     sys.argv[1:] = add_overrides(sys.argv[1:], take_back_overrides(sys.argv[1:]))
     if any(a in ("-m", "--multirun") for a in sys.argv[1:]):
