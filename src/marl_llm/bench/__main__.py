@@ -198,16 +198,16 @@ def machine() -> dict[str, Any]:
 
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    from marl_llm.bench.host import cpu_model, memory_gib
+
+    cpu, mem = cpu_model(), memory_gib()
     versions = {}
     for dist in ("torch", "transformers", "peft", "comlrl", "trl"):
         try:
             versions[dist] = md.version(dist)
         except md.PackageNotFoundError:
             versions[dist] = None
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem, 1), "torch_threads": torch.get_num_threads(),
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem, "torch_threads": torch.get_num_threads(),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "python": platform.python_version(), "versions": versions}
 
@@ -239,13 +239,17 @@ def main(argv: list[str] | None = None) -> int:
         from marl_llm.bench.threads import main as threads_main
 
         return threads_main(words[1:])
+    if words[:1] == ["tiny"]:  # each debug=tiny command's wall and CPU time and where it goes: bench/tiny_runs.py
+        from marl_llm.bench.tiny_runs import main as tiny_main
+
+        return tiny_main(words[1:])
     from marl_llm.extras import install_line, missing
 
     absent = missing("bench")
     if absent and not {"-h", "--help"} & set(words):
         print(f"error: marl-llm-bench runs marl-llm against comlrl and trl and plots with matplotlib; "
               f"{', '.join(absent)} {'is' if len(absent) == 1 else 'are'} not installed: {install_line('bench')} "
-              "(marl-llm-bench cli, threads, sandbox, reward-hacks and collm-cost need no extra)", file=sys.stderr)
+              "(marl-llm-bench cli, threads, tiny, sandbox, reward-hacks and collm-cost need no extra)", file=sys.stderr)
         return 2
     ap = argparse.ArgumentParser(prog="python -m marl_llm.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="embedded", help="embedded (SmolLM2-135M) or a local HF checkpoint dir")

@@ -35,15 +35,29 @@ COMMANDS = {
 }
 
 
-def run_once(script: str, args: list[str], cwd: Path) -> tuple[float, float, int]:
-    """(wall seconds, CPU seconds of the process and its children, exit code) of one run."""
+def console_script(name: str = "marl-llm") -> str:
+    """The console script installed beside this interpreter (the venv's bin/), not one on PATH."""
+    return str(Path(sys.executable).with_name(name))
+
+
+def run_timed(command: list[str], cwd: Path, timeout: float) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """(wall seconds, CPU seconds of the process and its children, the finished process) of one
+    run, its output captured. The CPU time is getrusage(RUSAGE_CHILDREN)'s difference: only
+    correct while no other child of this process ends meanwhile (the benchmarks run one at a time).
+    A run past `timeout` is killed and raises subprocess.TimeoutExpired."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run([script, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
+    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "WANDB_MODE": "disabled"})
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, proc
+
+
+def run_once(script: str, args: list[str], cwd: Path) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds of the process and its children, exit code) of one run."""
+    wall, cpu, proc = run_timed([script, *args], cwd, timeout=600)
     return wall, cpu, proc.returncode
 
 
@@ -54,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--other", default=None, help="another marl-llm console script to time side by side")
     ap.add_argument("--other-label", default="other", help="what --other is, for the table (e.g. 'main before #34')")
     args = ap.parse_args(argv)
-    ours = str(Path(sys.executable).with_name("marl-llm"))
+    ours = console_script()
     systems = {"this": ours, **({args.other_label: args.other} if args.other else {})}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
