@@ -159,6 +159,24 @@ def pythonpath(*dirs) -> str:
     return os.pathsep.join([*(str(d) for d in dirs), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
+# A subprocess's environment that makes Python write one `import time:` line per module it imports
+# to stderr (`python -X importtime`): what a console-script command imported (imported_modules).
+IMPORT_TIMES = {"PYTHONPROFILEIMPORTTIME": "1"}
+
+
+def imported_modules(out):
+    """(the modules that a process run with IMPORT_TIMES imported, its result with those lines taken
+    out of its stderr): a command that must stay light asserts "torch" not in the first, and reads
+    its own lines from the second as usual. Python times `import` statements only: a module that
+    importlib.import_module loads (a plugin, task.env's module) is not listed, what it imports is."""
+    import subprocess
+
+    lines = out.stderr.splitlines(keepends=True)
+    modules = {line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")}
+    rest = "".join(line for line in lines if not line.startswith("import time:"))
+    return modules, subprocess.CompletedProcess(out.args, out.returncode, out.stdout, rest)
+
+
 def compose_config(overrides: list[str]):
     """The real config from conf/, as the CLI composes it (run_dir set explicitly)."""
     from marl_llm.configure import compose_config as compose

@@ -419,6 +419,10 @@ def _main() -> None:
         from marl_llm.cli.submitit_logs import quiet_submitit
 
         quiet_submitit()  # a SLURM sweep's sacct failure: one line, once
+    from marl_llm.cli.help import asks_for_help, print_help
+
+    if asks_for_help(sys.argv[1:]) and print_help(sys.argv[1:]):  # Hydra's help text, without its ~4 s
+        return
     _hydra_main()
 
 
