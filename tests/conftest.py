@@ -32,9 +32,9 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 
 # Test files that start first under `--dist loadfile` (make test's parallel part), in this order:
 # xdist hands files out by their number of tests, most first, so these few long ones came last and
-# ran alone at the end. The `slurm` tests (minutes of jobs on a scheduler; deselected by make test,
-# run by make test-slurm) start first on one worker when a parallel run selects them; then the long
-# few-test files, so that many short files end the run on both workers.
+# ran alone at the end. The `slurm` tests (minutes of jobs on a scheduler, whose worker mostly
+# waits: make test gives the parallel part one worker more for them) start first on one worker; then
+# the long few-test files, so that many short files end the run on every worker.
 FIRST_FILES = ("test_slurm_cluster.py", "test_bench.py", "test_sharded_training.py", "test_bench_peers.py",
                "test_fsdp.py", "test_sharded_loading.py", "test_bench_gpu.py", "test_docs.py", "test_trainer.py",
                "test_bench_reward_hacks.py", "test_bench_collm_cost.py", "test_main_job.py")
