@@ -38,21 +38,22 @@ run: setup
 NUMERICS_ENV ?= OMP_NUM_THREADS=1 MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default
 # The suite on PYTEST_WORKERS processes, a file per worker at a time (pytest-xdist): run one after
 # another, half its tests wait on a console script's start, a sandboxed program or a rank, and one
-# core sat idle. The `exclusive` tests (wall-clock limits, cgroup CPU shares, short collective
-# timeouts) then run alone. `pytest -q` alone runs everything in one process. The `slurm` tests
-# (`make test-slurm`) start a real local SLURM cluster (scripts/slurm_local.py; as root it apt-get
-# installs slurm-wlm, slurmdbd, munge and mariadb-server where missing) and skip with one line where
-# it cannot run; under CI=true that skip fails. They are not yet part of `make test`: with them its
-# parallel part took 25 min here, past CI's 30-minute budget (docs/cluster.md).
+# core sat idle. The `slurm` tests (tests/test_slurm_cluster.py) start a real local SLURM cluster
+# (scripts/slurm_local.py; as root it apt-get installs slurm-wlm, slurmdbd, munge and mariadb-server
+# where missing) and skip with one line where it cannot run; under CI=true that skip fails. Their
+# file goes first to a worker of its own (tests/conftest.py FIRST_FILES), one more than
+# PYTEST_WORKERS: that worker mostly waits on the scheduler while the jobs run beside the others.
+# The `exclusive` tests (wall-clock limits, cgroup CPU shares, short collective timeouts) then run
+# alone. `pytest -q` alone runs everything in one process.
 PYTEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not exclusive and not slurm"
+	$(PY) -m pytest -q -n $(shell expr $(PYTEST_WORKERS) + 1) --dist loadfile -m "not exclusive"
 	$(PY) -m pytest -q -p no:cacheprovider -m exclusive
 	$(NUMERICS_ENV) $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile -m "numerics and not cross_order"
 	$(PY) scripts/check_wheel.py --torch "$(TORCH)"
 
-# Sweeps through a real SLURM cluster on this machine (tests/test_slurm_cluster.py, about 12 min on
-# 2 cores; root, or SLURM installed): docs/cluster.md#a-real-slurm-cluster-on-one-machine-scriptsslurm_localpy.
+# The sweeps through a real SLURM cluster alone (tests/test_slurm_cluster.py, part of `make test`;
+# about 10 min on 2 cores; root, or SLURM installed): docs/cluster.md#a-real-slurm-cluster-on-one-machine-scriptsslurm_localpy.
 test-slurm: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m slurm
 

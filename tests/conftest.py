@@ -32,9 +32,9 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 
 # Test files that start first under `--dist loadfile` (make test's parallel part), in this order:
 # xdist hands files out by their number of tests, most first, so these few long ones came last and
-# ran alone at the end. The `slurm` tests (minutes of jobs on a scheduler; deselected by make test,
-# run by make test-slurm) start first on one worker when a parallel run selects them; then the long
-# few-test files, so that many short files end the run on both workers.
+# ran alone at the end. The `slurm` tests (minutes of jobs on a scheduler, whose worker mostly
+# waits: make test gives the parallel part one worker more for them) start first on one worker; then
+# the long few-test files, so that many short files end the run on every worker.
 FIRST_FILES = ("test_slurm_cluster.py", "test_bench.py", "test_sharded_training.py", "test_bench_peers.py",
                "test_fsdp.py", "test_sharded_loading.py", "test_bench_gpu.py", "test_docs.py", "test_trainer.py",
                "test_bench_reward_hacks.py", "test_bench_collm_cost.py", "test_main_job.py")
@@ -157,6 +157,24 @@ def pythonpath(*dirs) -> str:
     """PYTHONPATH for a subprocess that imports from `dirs` and from this process's PYTHONPATH
     (a checkout run against another checkout's venv sets it to its own src/)."""
     return os.pathsep.join([*(str(d) for d in dirs), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+# A subprocess's environment that makes Python write one `import time:` line per module it imports
+# to stderr (`python -X importtime`): what a console-script command imported (imported_modules).
+IMPORT_TIMES = {"PYTHONPROFILEIMPORTTIME": "1"}
+
+
+def imported_modules(out):
+    """(the modules that a process run with IMPORT_TIMES imported, its result with those lines taken
+    out of its stderr): a command that must stay light asserts "torch" not in the first, and reads
+    its own lines from the second as usual. Python times `import` statements only: a module that
+    importlib.import_module loads (a plugin, task.env's module) is not listed, what it imports is."""
+    import subprocess
+
+    lines = out.stderr.splitlines(keepends=True)
+    modules = {line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")}
+    rest = "".join(line for line in lines if not line.startswith("import time:"))
+    return modules, subprocess.CompletedProcess(out.args, out.returncode, out.stdout, rest)
 
 
 def compose_config(overrides: list[str]):

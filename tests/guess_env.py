@@ -8,7 +8,8 @@ that gets one JSON line per step: the seed, the environment's own turn counter, 
 whether it was the dry run's (placeholder actions: marl-llm tries the environment when it builds
 the task).
 
-`mode` breaks the contract on purpose: reset_one_observation | step_text_reward | step_raises |
+`mode` breaks the contract on purpose: reset_one_observation | step_text_reward | step_three_values |
+step_raises |
 reset_exits | step_exits (sys.exit(0), which once ended the run with exit code 0 and no line) |
 huge_reset | huge_step (a 20 MiB observation, which once decoded for minutes) | long_step (a
 3,000-word observation: within task.max_observation_chars, cut to task.max_observation_tokens).
@@ -84,6 +85,8 @@ class Guess:
             observations["helper"] = "y" * HUGE
         if mode == "long_step":
             observations["helper"] = "word " * 3000
+        if mode == "step_three_values":
+            return observations, rewards, team
         return observations, rewards, team, found, {"success": found}
 
 

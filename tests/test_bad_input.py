@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, VENV_BIN, compose_config
+from conftest import IMPORT_TIMES, REPO, VENV_BIN, compose_config, imported_modules
 
 CLI = str(VENV_BIN / "marl-llm")
 
@@ -123,6 +123,70 @@ def test_an_existing_dir_wins_over_the_hub_id_form(tmp_path, tiny_model_dir, mon
     shutil.copytree(tiny_model_dir, tmp_path / "org" / "tiny")
     monkeypatch.chdir(tmp_path)
     assert _source(None, OmegaConf.create(dict(path="org/tiny", embedded=False, hub_id=None)))[:2] == ("org/tiny", True)
+
+
+def test_model_sources_are_refused_before_torch_is_imported(tmp_path):
+    """model.path, model.agent_bases and model.hub_id are checked before the console script imports
+    the trainer (models/sources.py, marl_llm/preflight.py): the same lines as loading the model
+    gives, in a second instead of ~6 s of imports."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "weights.bin").write_text("not a directory")
+    no_checkpoint = (" is not a Hugging Face checkpoint directory: it has no config.json and no tokenizer files "
+                     "(tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json, vocab.txt, spiece.model). "
+                     "Point it at the directory that save_pretrained wrote the model and its tokenizer to, or use the "
+                     "embedded default model (model=smollm2_135m)")
+    hub = closed_port_url()
+    cases = [
+        (["model=local", f"model.path={tmp_path / 'empty'}"], f"model.path='{tmp_path / 'empty'}'{no_checkpoint}"),
+        (["model=local", f"model.path={tmp_path / 'weights.bin'}"],
+         f"model.path='{tmp_path / 'weights.bin'}' is a file: pass the directory of a Hugging Face checkpoint (the one "
+         "with config.json), or use the embedded default model (model=smollm2_135m)"),
+        (["model=local", "model.path=data/models/qwen"],
+         f"model.path='data/models/qwen': no such directory ({tmp_path / 'data' / 'models' / 'qwen'}): pass "
+         "model.path=<dir of a Hugging Face checkpoint> or model.hub_id=<org/name> for a hub model, or use the embedded "
+         "default model (model=smollm2_135m)"),
+        ([f"model.agent_bases=[{tmp_path / 'empty'}]"], f"model.agent_bases entry '{tmp_path / 'empty'}'{no_checkpoint}"),
+        (["model.hub_id=nosuch/model", "model.embedded=false"],
+         f"model 'nosuch/model' is not in the local Hugging Face cache and the hub is not reachable (127.0.0.1 is "
+         f"unreachable ([Errno 111] Connection refused)): download it where the hub is reachable and pass "
+         "model.path=<its local dir>, or use the embedded default model (model=smollm2_135m)"),
+    ]
+    env = {"HF_HUB_OFFLINE": "", "HF_ENDPOINT": hub, "HF_HOME": str(tmp_path / "hf"), **IMPORT_TIMES}
+    for args, expected in cases:
+        imported, out = imported_modules(run_cli(["logger=none", *args, f"hydra.run.dir={tmp_path / 'run'}"],
+                                                 tmp_path, env))
+        assert one_error_line(out) == f"error: {expected}", args
+        assert "omegaconf" in imported and "torch" not in imported and "transformers" not in imported, args
+        assert not (tmp_path / "run").exists(), args
+
+
+def test_the_preflight_finds_a_hub_model_in_the_local_cache_with_no_hub(tmp_path, tiny_model_dir):
+    """A hub id in the local HF cache passes the check before the run with the hub unreachable (the
+    run then loads it from the cache: test_a_hub_model_in_the_local_cache_loads_with_no_hub); one
+    that is not there is refused, naming the hub's reason."""
+    snapshot = tmp_path / "hf" / "hub" / "models--org--tiny" / "snapshots" / ("0" * 40)
+    shutil.copytree(tiny_model_dir, snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    script = ("import sys\n"
+              "from omegaconf import OmegaConf\n"
+              "from marl_llm.config import UserError\n"
+              "from marl_llm.models.sources import check_sources\n"
+              "for hub_id in ('org/tiny', 'org/other'):\n"
+              "    try:\n"
+              "        check_sources(OmegaConf.create(dict(path=None, embedded=False, hub_id=hub_id, agent_bases=None)))\n"
+              "        print(hub_id, 'passes')\n"
+              "    except UserError as err:\n"
+              "        print(hub_id, err)\n"
+              "print('torch' in sys.modules)\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "", "HF_ENDPOINT": closed_port_url(), "HF_HOME": str(tmp_path / "hf")}
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    cached, other, torch_loaded = out.stdout.strip().splitlines()
+    assert cached == "org/tiny passes" and torch_loaded == "False"
+    assert other.startswith("org/other model 'org/other' is not in the local Hugging Face cache and the hub is not "
+                            "reachable (127.0.0.1 is unreachable")
 
 
 # ------------------------------------------------------------------------------ 3. run dir

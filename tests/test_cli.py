@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, VENV_BIN
+from conftest import IMPORT_TIMES, REPO, VENV_BIN, imported_modules
 
 CLI = str(VENV_BIN / "marl-llm")
 
@@ -34,6 +34,58 @@ def test_help_lists_groups_and_options(tmp_path):
     assert {"magrpo", "single", "parallel", "sequential", "discussion"} <= set(groups["algo"].replace(",", " ").split())
     assert {"humaneval", "coophumaneval", "tldr", "arxiv"} <= set(groups["task"].replace(",", " ").split())
     assert {"smollm2_135m", "qwen2_5_coder_3b"} <= set(groups["model"].replace(",", " ").split())
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--help"], "== Configuration groups =="), (["-h"], "== Configuration groups =="),
+    (["--hydra-help"], "== Flags =="),
+    (["trainer.max_stepz=1"], "error: unknown config key trainer.max_stepz (TrainerConfig). Did you mean "
+                              "trainer.max_steps?"),
+])
+def test_help_and_a_misspelled_key_import_no_torch(args, says, tmp_path):
+    """What must take well under a second (issue #44 item 10): the help, which rendered by Hydra took
+    3.5-4 s of CPU, and a typo, each through the real console script."""
+    imported, out = imported_modules(run([CLI, *args], tmp_path, IMPORT_TIMES))
+    assert says in out.stdout + out.stderr, out.stderr[-3000:]
+    assert "hydra" in imported and "torch" not in imported and "transformers" not in imported
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--hydra-help"],
+                                  ["algo=at_grpo", "task=sokoban", "--help", "--resolve"]])
+def test_the_help_is_hydras_own_text(args, tmp_path):
+    """cli/help.py prints Hydra's help text itself, without Hydra's ~140 copies of its config
+    repository: the same text as Hydra's own path prints (print_help disabled: Hydra renders)."""
+    hydras = run([sys.executable, "-c", "import sys\nimport marl_llm.cli.help as h\nh.print_help = lambda args: False\n"
+                  f"sys.argv = ['marl-llm', *{args!r}]\nfrom marl_llm.cli.launch import main\nmain()"], tmp_path)
+    ours = run([CLI, *args], tmp_path)
+    assert ours.returncode == hydras.returncode == 0, ours.stderr[-2000:] + hydras.stderr[-2000:]
+    assert ours.stdout == hydras.stdout
+    assert ("== Config ==" if "--help" in args else "== Flags ==") in ours.stdout
+
+
+# Counts the copies of Hydra's config repository (each copies the ConfigStore, every registered
+# schema included: ~0.1 s of CPU) that a console-script command makes, printed at exit.
+COUNT_REPOSITORY_COPIES = """
+import atexit, sys
+from hydra._internal.config_repository import CachingConfigRepository
+copies = []
+copy_repository = CachingConfigRepository.__init__
+CachingConfigRepository.__init__ = lambda self, *a, **k: copies.append(1) or copy_repository(self, *a, **k)
+atexit.register(lambda: print("COPIES", len(copies)))
+sys.argv = ["marl-llm", *sys.argv[1:]]
+from marl_llm.cli.launch import main
+main()
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--hydra-help"], ["task=env", "model=local", "algo=at_grpo", "--help"]])
+def test_the_help_copies_hydras_config_repository_only_a_few_times(args, tmp_path):
+    """Where Hydra's help spent its 3.5-4 s: 147 copies of the repository for `--help`, 112 for
+    `--hydra-help`, one per listed group and kind. Counted, not timed (timings are noisy)."""
+    out = run([sys.executable, "-c", COUNT_REPOSITORY_COPIES, *args], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    copies = int(next(line for line in out.stdout.splitlines() if line.startswith("COPIES ")).split()[1])
+    assert 1 <= copies <= 3
 
 
 def test_cfg_job_shows_overrides(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TEST_DEVICE, VENV_BIN, compose_config, pythonpath
+from conftest import IMPORT_TIMES, TEST_DEVICE, VENV_BIN, compose_config, imported_modules, pythonpath
 from marl_llm.config import UserError
 from marl_llm.rollout.base import Completion
 from marl_llm.rollout.sampling import SamplingParams
@@ -396,8 +396,9 @@ def tiny(model_dir: Path, run_dir: Path, *extra: str) -> list[str]:
             "trainer.eval_max_problems=1", "trainer.export_agents=false", "algo.num_turns=2", *extra]
 
 
-def marl_llm(args: list[str], log: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": pythonpath(TESTS)}
+def marl_llm(args: list[str], log: Path | None = None,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": pythonpath(TESTS), **(env or {})}
     if log is not None:
         env["GUESS_LOG"] = str(log)
     return subprocess.run([str(VENV_BIN / "marl-llm"), *args], capture_output=True, text=True, timeout=300, env=env)
@@ -455,6 +456,40 @@ def test_a_broken_environment_stops_the_console_script_with_one_line(tiny_model_
     assert "Guess.reset(seed=0) (" in early.stderr and "guess_env.py:" in early.stderr
     assert "in the dry run before training returned 1 observations for 2 agents (guesser, helper)" in early.stderr
     assert not (tmp_path / "run2").exists()  # refused before the run started (and any model loaded)
+
+
+@pytest.mark.parametrize("overrides,line", [
+    (["task.env=no_such_games:Guess"], "error: task.env=no_such_games:Guess: cannot import 'no_such_games' (No module "
+                                       "named 'no_such_games'): install it or put its directory on PYTHONPATH"),
+    (["task.env=collections:OrderedDict"],
+     "error: task.env=collections:OrderedDict: OrderedDict has no reset() method: an environment needs reset(seed) and "
+     "step(actions) (docs/extending.md)"),
+    (["task.env_kwargs.mode=step_three_values"],
+     "error: task.env=guess_env:Guess: Guess.step() ({file}:{step}) at turn 1 of the episode of seed 0 in the dry "
+     "run before training, with placeholder actions, returned tuple of 3: return a tuple (observations, rewards, "
+     "team_reward, done), the same with an info dict last, or PettingZoo's (observations, rewards, terminations, "
+     "truncations, infos) with dicts by agent"),
+    (["+task.env_kwargs.nope=1"], "error: task.env=guess_env:Guess: task.env_kwargs={{'nope': 1}} do not fit "
+                                  "Guess(high, role_bonus, mode) at {file}:{init}: got an unexpected keyword "
+                                  "argument 'nope'; change task.env_kwargs"),
+])
+def test_a_broken_environment_is_refused_before_torch_is_imported(overrides, line, tmp_path):
+    """The environment is imported, built and tried dry before the console script imports the
+    trainer (marl_llm/preflight.py): the same one line as the trainer's, in a second, not ~5 s."""
+    import inspect
+
+    import guess_env
+
+    step, init = (inspect.getsourcelines(f)[1] for f in (guess_env.Guess.step, guess_env.Guess.__init__))
+    file = os.path.relpath(guess_env.__file__)  # as the line shows it: relative to the working directory, inside it
+    file = guess_env.__file__ if file.startswith("..") else file
+    run_dir = tmp_path / "run"
+    imported, out = imported_modules(marl_llm(["task=env", "task.env=guess_env:Guess", "logger=none",
+                                               f"hydra.run.dir={run_dir}", *overrides], env=IMPORT_TIMES))
+    expected = line.format(file=file, step=step, init=init)
+    assert out.returncode == 2 and out.stderr.strip() == expected, out.stderr[-3000:]
+    assert "omegaconf" in imported and "torch" not in imported and "transformers" not in imported
+    assert not run_dir.exists()
 
 
 def test_the_python_api_trains_in_an_environment_class(tiny_model_dir, tmp_path):

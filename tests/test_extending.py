@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_DEVICE, VENV_BIN, compose_config, pythonpath
+from conftest import IMPORT_TIMES, TEST_DEVICE, VENV_BIN, compose_config, imported_modules, pythonpath
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,7 +73,7 @@ BASELINE_MODULE = '''
 """A user's advantage baseline: the group's median; it notes each call in $BASELINE_CALLS."""
 import os
 
-from marl_llm.algos.advantages import register_baseline
+from marl_llm.registry import register_baseline
 
 
 @register_baseline("median")
@@ -283,6 +284,29 @@ def test_a_baseline_of_your_own_from_an_installed_entry_point(median_site, tmp_p
     # Without the package, the name is refused with the registered ones listed.
     out = marl_llm(["algo.baseline=median", *tiny(tiny_model_dir, tmp_path / "run2")], {}, tmp_path)
     assert out.returncode == 2 and "'median' is not one of mean, rloo, max, raw" in out.stderr
+
+
+def test_a_plugin_written_as_the_docs_baseline_and_loss_example_keeps_commands_light(tmp_path):
+    """The docs' baseline and loss example (docs/extending.md, as it is written there) imports no
+    torch: marl-llm imports every plugin to compose a config, so `--help`, a misspelled key and a
+    bad value take what composing takes, not torch's seconds; its names are registered."""
+    docs = (REPO / "docs" / "extending.md").read_text()
+    section = docs[docs.index("## An advantage baseline or a policy loss"):]
+    (tmp_path / "docs_baseline.py").write_text(re.search(r"```python\n(.*?)```", section, re.S).group(1))
+    env = {"PYTHONPATH": str(tmp_path), **IMPORT_TIMES}
+    for args, says in (
+            (["--help"], "== Configuration groups =="),
+            (["trainer.max_stepz=1"], "error: unknown config key trainer.max_stepz (TrainerConfig). Did you mean "
+                                      "trainer.max_steps?"),
+            (["algo.baseline=medain"], "error: invalid config value algo.baseline: 'medain' is not one of mean, rloo, "
+                                       "max, raw, median"),
+            (["algo.baseline=median", "algo.loss_type=bounded_reinfrce"],
+             "error: invalid config value algo.loss_type: 'bounded_reinfrce' is not one of reinforce, ppo_clip, "
+             "bounded_reinforce")):
+        run = [] if "--help" in args else ["logger=none", f"hydra.run.dir={tmp_path / 'run'}"]
+        imported, out = imported_modules(marl_llm(["plugins=[docs_baseline]", *args, *run], env, tmp_path))
+        assert says in out.stdout + out.stderr, (args, out.stderr[-3000:])
+        assert "hydra" in imported and "torch" not in imported and "transformers" not in imported, args
 
 
 def test_registered_losses_are_selected_by_config_and_validation_reads_the_registries(tmp_path):

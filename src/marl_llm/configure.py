@@ -245,13 +245,13 @@ def group_choice_error(args: list[str]) -> str | None:
             return group_choice_error(args)
     from hydra.core.object_type import ObjectType
 
-    loader = GlobalHydra.instance().config_loader()
-    searchpath = _searchpath_override(args)
+    group_options = group_lister(GlobalHydra.instance().config_loader(), _searchpath_override(args))
     for a, override in chosen:
         group = override.key_or_group
-        if group not in _groups_under(loader, group.rpartition("/")[0], searchpath):
+        parent = group.rpartition("/")[0]
+        if group not in [f"{parent}/{g}" if parent else g for g in group_options(parent, ObjectType.GROUP)]:
             continue  # not a group: a plain key (seed=1), which unknown_key_error checks
-        options = loader.get_group_options(group, ObjectType.CONFIG, overrides=searchpath)
+        options = group_options(group, ObjectType.CONFIG)
         for value in _choices(override):
             if value is None or "${" in value or value in options:
                 continue
@@ -276,11 +276,16 @@ def group_choice_error(args: list[str]) -> str | None:
     return None
 
 
-def _groups_under(loader: Any, parent: str, searchpath: list[str]) -> list[str]:
-    from hydra.core.object_type import ObjectType
-
-    found = loader.get_group_options(parent, ObjectType.GROUP, overrides=searchpath)
-    return [f"{parent}/{g}" if parent else g for g in found]
+def group_lister(loader: Any, overrides: list[str]) -> Any:
+    """`loader.get_group_options(group, kind, overrides=overrides)` as a function of (group, kind)
+    that reads one copy of Hydra's config repository for all its calls. Why: each call of Hydra's
+    own copies the whole repository, the ConfigStore with every registered schema included (~0.1 s
+    of CPU); `--help` lists ~25 groups, Hydra's help made ~140 such copies (cli/help.py)."""
+    make_repository = getattr(loader, "_parse_overrides_and_create_caching_repo", None)  # Hydra 1.3's
+    if make_repository is None:  # another Hydra: its public call, a copy each
+        return lambda group, kind: loader.get_group_options(group, kind, overrides=overrides)
+    _, repository = make_repository(None, overrides)
+    return repository.get_group_options
 
 
 def _choices(override: Any) -> list[str | None]:
@@ -334,19 +339,19 @@ def public_config_groups(searchpath: Any = None) -> str:
 
     if not GlobalHydra.instance().is_initialized():  # the help template resolved outside Hydra
         return "(the groups: marl-llm --help)"
-    loader = GlobalHydra.instance().config_loader()
     overrides = ["hydra.searchpath=[" + ",".join(f"'{p}'" for p in searchpath) + "]"] if searchpath else []
+    group_options = group_lister(GlobalHydra.instance().config_loader(), overrides)
 
     def groups(parent: str = "") -> list[str]:
         found = []
-        for child in loader.get_group_options(parent, ObjectType.GROUP, overrides=overrides):
+        for child in group_options(parent, ObjectType.GROUP):
             name = f"{parent}/{child}" if parent else child
             found += [name, *groups(name)]
         return found
 
     lines = []
     for group in sorted(g for g in groups() if not g.startswith("hydra") or g == "hydra/launcher"):
-        options = [o for o in sorted(loader.get_group_options(group, ObjectType.CONFIG, overrides=overrides))
+        options = [o for o in sorted(group_options(group, ObjectType.CONFIG))
                    if not o.startswith("_") and not o.endswith(("_schema", ".example"))]
         if options:
             lines.append(f"{group}: {', '.join(options)}")

@@ -8,13 +8,21 @@ heavy is *declared* by name and module (`Registry.declare`, in algos/schemas.py,
 its module is imported when the object is first looked up, and its own `@register_*` decorator
 fills the entry in. Names, `in` and `sorted(table)` never import. A plugin's decorators register
 directly, as always.
+
+The decorators a plugin registers a baseline, joint mode, policy loss or aggregation with, and the
+`Surrogate` a loss returns, are here too, so that such a plugin imports no torch: marl-llm imports
+every plugin to compose a config, `--help` and a typo included (docs/extending.md).
+algos/advantages.py and algos/losses.py, which hold the built-ins, re-export them.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, MutableMapping
-from typing import Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Callable, Generic, NamedTuple, TypeVar
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 T = TypeVar("T")
 
@@ -83,8 +91,8 @@ class Registry(MutableMapping[str, T], Generic[T]):
 # option's YAML names first in its defaults list.
 SCHEMAS: dict[str, dict[str, type]] = {"algo": {}, "task": {}}
 
-# The tables (their decorators and the functions that use them live with the implementations:
-# algos/base.py, algos/advantages.py, algos/losses.py).
+# The tables (their decorators are below, register_algorithm's in algos/base.py; the functions that
+# use them live with the implementations: algos/base.py, algos/advantages.py, algos/losses.py).
 ALGORITHMS: Registry = Registry("algorithm")
 BASELINES: Registry = Registry("baseline")
 # Smallest group a baseline is defined on; dense `group_advantages` enforces it.
@@ -157,3 +165,40 @@ def declare_baseline(name: str, module: str, min_group_size: int = 1, uses_group
     BASELINE_MIN_GROUP_SIZE[name] = min_group_size
     if uses_group:
         GROUP_BASELINES.add(name)
+
+
+# ------------------------------------------------------------------ what plugins register with
+def register_baseline(name: str, *, min_group_size: int = 1, uses_group: bool = True) -> Callable[[T], T]:
+    """Register ``fn(values: Tensor[n], groups: GroupIndex) -> Tensor[n]`` (advantages before
+    normalization; algos/advantages.py) under ``name``, chosen with ``algo.baseline=<name>``.
+    ``min_group_size``: the smallest group it is defined on; ``uses_group``: whether it subtracts a
+    statistic of the group (then G >= 2 is required)."""
+
+    def decorator(fn: T) -> T:
+        if name in BASELINES and (BASELINE_MIN_GROUP_SIZE.get(name), name in GROUP_BASELINES) != (min_group_size,
+                                                                                                  uses_group):
+            raise ValueError(f"baseline {name!r} is declared with other settings than it is registered with")
+        registrar(BASELINES, "baseline")(name)(fn)
+        BASELINE_MIN_GROUP_SIZE[name] = min_group_size
+        if uses_group:
+            GROUP_BASELINES.add(name)
+        return fn
+
+    return decorator
+
+
+# ``fn(joint_returns, num_agents) -> per-agent returns Tensor[(B,) N, G]``, algo.joint_mode=<name>.
+register_joint_mode = registrar(JOINT_MODES, "joint mode")
+# A per-token surrogate ``fn(logp, old_logp, advantages, eps_low, eps_high) -> Surrogate``, algo.loss_type=<name>.
+register_loss = registrar(POLICY_LOSSES, "policy loss")
+# ``fn(per_token [B, T], mask [B, T] bool) -> scalar``, algo.loss_aggregation=<name>.
+register_aggregation = registrar(AGGREGATIONS, "aggregation")
+
+
+class Surrogate(NamedTuple):
+    """Output of a registered per-token loss; every field is [B, T]."""
+
+    loss: Tensor  # per-token loss to aggregate (to minimize)
+    ratio: Tensor  # importance ratio exp(logp - old_logp)
+    clipped_low: Tensor  # bool: clipped on the low side (r < 1 - eps_low and A < 0)
+    clipped_high: Tensor  # bool: clipped on the high side (r > 1 + eps_high and A > 0)

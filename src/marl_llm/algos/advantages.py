@@ -57,10 +57,12 @@ import torch
 from torch import Tensor
 
 from marl_llm.algos.schemas import REWARD_LEVELS
-from marl_llm.registry import BASELINE_MIN_GROUP_SIZE, BASELINES, GROUP_BASELINES, JOINT_MODES, registrar
+from marl_llm.registry import (BASELINE_MIN_GROUP_SIZE, BASELINES, GROUP_BASELINES, JOINT_MODES, register_baseline,
+                               register_joint_mode)
 
 __all__ = [
     "BASELINES",
+    "GROUP_BASELINES",
     "JOINT_MODES",
     "GroupIndex",
     "register_baseline",
@@ -146,27 +148,9 @@ class GroupIndex:
 
 BaselineFn = Callable[[Tensor, GroupIndex], Tensor]
 
-# BASELINES, BASELINE_MIN_GROUP_SIZE, GROUP_BASELINES: marl_llm.registry (the built-ins are declared
-# by name in algos/schemas.py, which config checks read without importing this module).
-
-
-def register_baseline(name: str, *, min_group_size: int = 1,
-                      uses_group: bool = True) -> Callable[[BaselineFn], BaselineFn]:
-    """Register ``fn(values: Tensor[n], groups: GroupIndex) -> Tensor[n]`` under ``name``, chosen
-    with ``algo.baseline=<name>``. ``min_group_size``: the smallest group it is defined on;
-    ``uses_group``: whether it subtracts a statistic of the group (then G >= 2 is required)."""
-
-    def decorator(fn: BaselineFn) -> BaselineFn:
-        if name in BASELINES and (BASELINE_MIN_GROUP_SIZE.get(name), name in GROUP_BASELINES) != (min_group_size,
-                                                                                                  uses_group):
-            raise ValueError(f"baseline {name!r} is declared with other settings than it is registered with")
-        registrar(BASELINES, "baseline")(name)(fn)
-        BASELINE_MIN_GROUP_SIZE[name] = min_group_size
-        if uses_group:
-            GROUP_BASELINES.add(name)
-        return fn
-
-    return decorator
+# BASELINES, BASELINE_MIN_GROUP_SIZE, GROUP_BASELINES and register_baseline: marl_llm.registry (the
+# built-ins are declared by name in algos/schemas.py, which config checks read without importing
+# this module; a plugin registers with the decorator there, importing no torch).
 
 
 def _get_baseline(name: str) -> BaselineFn:
@@ -291,11 +275,7 @@ def grouped_advantages(
 
 JointModeFn = Callable[[Tensor, int], Tensor]
 
-# JOINT_MODES: marl_llm.registry (the built-ins are declared in algos/schemas.py).
-
-
-# Register ``fn(joint_returns, num_agents) -> per-agent returns Tensor[(B,) N, G]``.
-register_joint_mode = registrar(JOINT_MODES, "joint mode")
+# JOINT_MODES and register_joint_mode: marl_llm.registry (the built-ins are declared in algos/schemas.py).
 
 
 @register_joint_mode("align")

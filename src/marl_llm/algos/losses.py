@@ -40,12 +40,12 @@ weighted (as in verl).
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 from torch import Tensor
 
-from marl_llm.registry import AGGREGATIONS, POLICY_LOSSES, registrar
+from marl_llm.registry import AGGREGATIONS, POLICY_LOSSES, Surrogate, register_aggregation, register_loss
 
 __all__ = [
     "AGGREGATIONS",
@@ -61,24 +61,12 @@ __all__ = [
 ]
 
 
-class Surrogate(NamedTuple):
-    """Output of a registered per-token loss; every field is [B, T]."""
-
-    loss: Tensor  # per-token loss to aggregate (to minimize)
-    ratio: Tensor  # importance ratio exp(logp - old_logp)
-    clipped_low: Tensor  # bool: clipped on the low side (r < 1 - eps_low and A < 0)
-    clipped_high: Tensor  # bool: clipped on the high side (r > 1 + eps_high and A > 0)
-
-
 # fn(logp [B,T], old_logp [B,T] (detached), advantages [B], clip_eps_low, clip_eps_high) -> Surrogate
 LossFn = Callable[[Tensor, Tensor, Tensor, "float | None", "float | None"], Surrogate]
 
-# POLICY_LOSSES and AGGREGATIONS: marl_llm.registry (the built-ins are declared in algos/schemas.py,
-# which config checks read without importing this module).
-
-
-# Register a per-token surrogate ``fn(logp, old_logp, advantages, eps_low, eps_high)``.
-register_loss = registrar(POLICY_LOSSES, "policy loss")
+# POLICY_LOSSES, AGGREGATIONS, Surrogate (what a loss returns) and their decorators register_loss and
+# register_aggregation: marl_llm.registry (the built-ins are declared in algos/schemas.py, which
+# config checks read without importing this module; a plugin imports them from there, no torch).
 
 
 @register_loss("reinforce")
@@ -114,8 +102,6 @@ def ppo_clip_loss(
 
 AggFn = Callable[[Tensor, Tensor], Tensor]
 
-# Register ``fn(per_token [B, T], mask [B, T] bool) -> scalar``.
-register_aggregation = registrar(AGGREGATIONS, "aggregation")
 
 
 def _masked(x: Tensor, mask: Tensor) -> Tensor:

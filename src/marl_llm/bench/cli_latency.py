@@ -5,8 +5,10 @@
 
 Commands, each run `--rounds` times in a fresh process (the systems alternate A B A B ... after a
 warm-up, so that both see the same load): `marl-llm --cfg job`, `--help`, a value error
-(`trainer.max_steps=-1`: composed, then validated) and a misspelled key (`trainer.max_stepz=1`:
-refused before Hydra composes). Wall time depends on what else the machine runs, so the children's
+(`trainer.max_steps=-1`: composed, then validated), a misspelled key (`trainer.max_stepz=1`:
+refused before Hydra composes), an environment that cannot be imported (`task.env=`) and a
+model.path that is no checkpoint (an empty dir): both refused before the trainer imports torch
+(marl_llm/preflight.py). Wall time depends on what else the machine runs, so the children's
 CPU time (user + system, from getrusage) is reported beside it, and the load average before and
 after. Measures, never asserts.
 """
@@ -32,7 +34,11 @@ COMMANDS = {
     "--help": ["--help"],
     "value error": ["trainer.max_steps=-1", "logger=none"],
     "unknown key": ["trainer.max_stepz=1"],
+    "env error": ["task=env", "task.env=no_such_module:Env", "logger=none"],
+    "model error": ["model=local", "model.path={tmp}/not-a-model", "logger=none"],
 }
+# The commands that get as far as a run (a run dir of their own, which they take back when refused).
+RUNS = ("value error", "env error", "model error")
 
 
 def console_script(name: str = "marl-llm") -> str:
@@ -75,11 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     samples: dict[str, dict[str, list[tuple[float, float, int]]]] = {s: {c: [] for c in COMMANDS} for s in systems}
     with tempfile.TemporaryDirectory(prefix="marl-bench-cli-") as tmp:
+        (Path(tmp) / "not-a-model").mkdir()
         for round_ in range(args.rounds + 1):  # round 0: the warm-up (page cache, .pyc files)
             for command, cli_args in COMMANDS.items():
                 for system, script in systems.items():
-                    extra = [f"hydra.run.dir={tmp}/{system}-{round_}"] if command == "value error" else []
-                    result = run_once(script, [*cli_args, *extra], Path(tmp))
+                    run_dir = f"{tmp}/{system}-{command.replace(' ', '-')}-{round_}"
+                    extra = [f"hydra.run.dir={run_dir}"] if command in RUNS else []
+                    result = run_once(script, [*(a.format(tmp=tmp) for a in cli_args), *extra], Path(tmp))
                     if round_:
                         samples[system][command].append(result)
     load_after = os.getloadavg()
@@ -102,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
              "wall: what it took under this load.", "",
              "| system | command | exit code | CPU s (median, min) | wall s (median, min) |", "|---|---|---|---|---|"]
     for row in rows.values():
-        lines.append(f"| {row['system']} (`{row['script']}`) | `marl-llm {' '.join(COMMANDS[row['command']])}` | "
+        shown = " ".join(COMMANDS[row["command"]]).replace("{tmp}", "<tmp>")
+        lines.append(f"| {row['system']} (`{row['script']}`) | `marl-llm {shown}` | "
                      f"{', '.join(map(str, row['exit_codes']))} | {row['cpu_s_median']:.2f}, {row['cpu_s_min']:.2f} | "
                      f"{row['wall_s_median']:.2f}, {row['wall_s_min']:.2f} |")
     atomic_write_text(out / "cli.md", "\n".join(lines) + "\n")

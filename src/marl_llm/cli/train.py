@@ -27,6 +27,7 @@ from marl_llm.configure import (add_overrides, config_dir, default_dir_pattern, 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
 def _hydra_main(cfg: DictConfig) -> float:
     from marl_llm.cli.new_run_dir import OVERRIDE, take_back
+    from marl_llm.preflight import preflight
     from marl_llm.runs.rundir import NOT_STARTED, Interrupted
 
     # Hydra has read the command line: the callback it was given for take_back is no part of the
@@ -34,6 +35,7 @@ def _hydra_main(cfg: DictConfig) -> float:
     sys.argv[1:] = [a for a in sys.argv[1:] if a != OVERRIDE]
     try:
         validate(cfg)  # before any model loads: bad values fail in seconds
+        preflight(cfg)  # the task's environment and the models' sources, before torch is imported
         from marl_llm.training.trainer import train
 
         return train(cfg)
@@ -419,6 +421,10 @@ def _main() -> None:
         from marl_llm.cli.submitit_logs import quiet_submitit
 
         quiet_submitit()  # a SLURM sweep's sacct failure: one line, once
+    from marl_llm.cli.help import asks_for_help, print_help
+
+    if asks_for_help(sys.argv[1:]) and print_help(sys.argv[1:]):  # Hydra's help text, without its ~4 s
+        return
     _hydra_main()
 
 

