@@ -199,14 +199,17 @@ def evals(run_dir) -> set:
 def test_marl_llm_eval_on_another_task_writes_its_own_dir_and_leaves_the_run_alone(trained_run):
     before, evals_before = files_state(trained_run), evals(trained_run)
     proc = subprocess.run([str(VENV_BIN / "marl-llm-eval"), str(trained_run), "task=coophumaneval",
-                           "trainer.eval_max_problems=1"], capture_output=True, text=True, timeout=600)
+                           "trainer.eval_max_problems=1", "trainer.threads=1"], capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert files_state(trained_run) == before  # checkpoint, config.yaml, logs, agents: same bytes and mtimes
     (out,) = evals(trained_run) - evals_before
     result = json.loads((out / "metrics.json").read_text())
     assert result["task"] == "coophumaneval" and result["eval_problems"] == 1
     assert result["weights"]["source"] == "agents" and result["weights"]["step"] == 1
-    assert result["overrides"] == ["task=coophumaneval", "trainer.eval_max_problems=1"]
+    assert result["overrides"] == ["task=coophumaneval", "trainer.eval_max_problems=1", "trainer.threads=1"]
+    # trainer.threads holds for the evaluation as for a run (it took every core before).
+    assert result["threads"] == {"setting": 1, "start": 1, "end": 1} and "torch threads: 1\n" in proc.stdout
     assert "pass@1" in result["metrics"] and f"metrics: {out / 'metrics.json'}" in proc.stdout
     assert OmegaConf.load(out / "config.yaml").task.name == "coophumaneval"
     assert len((out / "samples.jsonl").read_text().splitlines()) == 1

@@ -277,11 +277,14 @@ def _step_source(run_dir: Path, choice: str) -> str:
 
 def _evaluate(cfg: DictConfig, args: argparse.Namespace, run_dir: Path, agents_dir: Path, source: str,
               manifest: dict | None, task: Any, source_agent: list[str], out_dir: Path) -> Path:
+    import torch
+
     from marl_llm.runs.checkpoint import read_checkpoint
     from marl_llm.training.evaluation import evaluate
     from marl_llm.runs.export import load_agents
     from marl_llm.training.console import format_metrics
     from marl_llm.training.setup import build, quiet_libraries, seed_everything
+    from marl_llm.training.threads import AutoThreads, choose_threads
 
     def say(msg: str) -> None:
         print(f"[marl-llm-eval] {msg}", flush=True)
@@ -289,6 +292,12 @@ def _evaluate(cfg: DictConfig, args: argparse.Namespace, run_dir: Path, agents_d
     quiet_libraries()
     seed_everything(cfg.seed, cfg.trainer.deterministic)
     t0 = time.perf_counter()
+    # trainer.threads as a run uses it (the run's setting, or this command's override): auto follows
+    # the machine's load during the evaluation too, and says when it changes.
+    threads = choose_threads(cfg.trainer.threads, cfg.trainer.deterministic)
+    torch.set_num_threads(threads.count)  # before any model loads
+    say(f"torch threads: {threads.count}" + (f" ({threads.why})" if threads.why else ""))
+    auto_threads = AutoThreads(threads, say)
     run = build(cfg, task=task)
     try:
         if source == "agents":
@@ -307,8 +316,10 @@ def _evaluate(cfg: DictConfig, args: argparse.Namespace, run_dir: Path, agents_d
         say(f"{cfg.algo.name} agents of {run_dir} (step {weights['step']}, from {Path(weights['path']).name}) on "
             f"{cfg.task.name}{f', split ' + data['eval_split'] if data else ''}: {count} problem{'s' * (count != 1)}"
             + (f"; {', '.join(renamed)}" if renamed else ""))
+        auto_threads.attach()
         metrics, rows = evaluate(run.algo, run.eval_set, cfg.trainer)
     finally:
+        auto_threads.detach()
         if hasattr(run.rollout, "close"):  # vLLM: its exported adapters are removed
             run.rollout.close()
     overrides = list(args.overrides)
@@ -316,6 +327,7 @@ def _evaluate(cfg: DictConfig, args: argparse.Namespace, run_dir: Path, agents_d
               "data": data, "eval_problems": len(run.eval_set),
               "agents": dict(zip(task.agent_names, source_agent)), "overrides": overrides,
               "options": {"weights": args.weights, "split": args.split, "step": args.step},
+              "threads": {"setting": cfg.trainer.threads, "start": threads.count, "end": auto_threads.count},
               "time": datetime.now().astimezone().isoformat(timespec="seconds"),
               "wall_s": time.perf_counter() - t0}
     atomic_write_text(out_dir / "samples.jsonl", "".join(json.dumps(r, default=str) + "\n" for r in rows))
