@@ -32,6 +32,18 @@ def print_stderr_line(line: str) -> None:
     sys.stderr.flush()
 
 
+def last_error_line(stderr: str) -> str | None:
+    """What a console script's stderr says went wrong: its last one-line `error: ...` (as
+    print_stderr_line wrote it), else its last line that is not srun's or slurmstepd's own report
+    of the exit; None for no output."""
+    lines = [x.strip() for x in stderr.splitlines() if x.strip()]
+    ours = [x for x in lines if x.startswith("error: ")]
+    if ours:
+        return ours[-1]
+    theirs = [x for x in lines if not x.startswith(("srun: ", "slurmstepd: "))]
+    return theirs[-1] if theirs else None
+
+
 # --------------------------------------------------------------------------------------- model
 @dataclass
 class ModelConfig:

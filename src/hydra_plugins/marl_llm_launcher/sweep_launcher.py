@@ -46,14 +46,13 @@ def _jobs_of(submitted: list) -> Iterator[None]:
 
 
 def error_line(stderr: str) -> str:
-    """The job's own error: the run's last one-line `error: ...`, else its stderr's last line."""
-    lines = [x.strip() for x in stderr.splitlines() if x.strip()]
-    # srun's own report of the exit ("srun: error: <node>: task 0: Exited with exit code 2") is not the run's.
-    ours = [x for x in lines if x.startswith("error: ")]
-    if ours:
-        return ours[-1].removeprefix("error: ")
-    theirs = [x for x in lines if not x.startswith(("srun: ", "slurmstepd: "))]
-    return theirs[-1] if theirs else "(no error output)"
+    """The job's own error: the run's last one-line `error: ...`, else its stderr's last line
+    (srun's own report of the exit, "srun: error: <node>: task 0: Exited with exit code 2", is not
+    the run's)."""
+    from marl_llm.config import last_error_line
+
+    line = last_error_line(stderr)
+    return line.removeprefix("error: ") if line else "(no error output)"
 
 
 def failure_line(job: Any, overrides: Sequence[str]) -> str:

@@ -103,7 +103,6 @@ def ppo_clip_loss(
 AggFn = Callable[[Tensor, Tensor], Tensor]
 
 
-
 def _masked(x: Tensor, mask: Tensor) -> Tensor:
     # where, not multiply: 0 * NaN would leak NaN from padding into the value and the gradient.
     return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))

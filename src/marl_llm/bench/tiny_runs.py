@@ -35,6 +35,7 @@ from typing import Any
 
 from marl_llm.bench.cli_latency import console_script, run_timed
 from marl_llm.bench.host import cpu_model, memory_gib
+from marl_llm.config import last_error_line
 from marl_llm.runs.atomic import atomic_write_text
 
 # README.md's "The first five minutes" block, whose timing claim this benchmark checks.
@@ -156,12 +157,6 @@ def wall_split(run_dir: Path, started_at: float, wall: float) -> dict[str, Any]:
     return split
 
 
-def error_line(stderr: str) -> str | None:
-    """A failed command's one-line error (marl-llm writes `error: ...`), else its last line."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    return next((line for line in reversed(lines) if line.startswith("error:")), lines[-1] if lines else None)
-
-
 def run_tiny(overrides: list[str], model: list[str], run_dir: Path, timeout: float) -> dict[str, Any]:
     """One `marl-llm debug=tiny ...` in its own run dir: exit code, times, the split."""
     load = os.getloadavg()[0]
@@ -174,7 +169,7 @@ def run_tiny(overrides: list[str], model: list[str], run_dir: Path, timeout: flo
                 "cpu_s": None, "load_1min_before": load}
     result: dict[str, Any] = {"exit_code": proc.returncode, "wall_s": wall, "cpu_s": cpu, "load_1min_before": load}
     if proc.returncode != 0:
-        result["error"] = error_line(proc.stderr)
+        result["error"] = last_error_line(proc.stderr)
     result.update(wall_split(run_dir, started_at, wall))
     return result
 
